@@ -1,0 +1,83 @@
+"""Crash-safe, atomic and durable commits of whole checkpoint directories.
+
+::
+
+    from atomic_ckpt import CheckpointDir
+
+    ckpts = CheckpointDir("checkpoints")
+    with ckpts.commit(step) as path:       # path is a staging dir: N.tmp-<uuid>/
+        save_everything_into(path)         # any save function
+    # here checkpoints/<step>/ is complete and durable, or untouched on error
+    last = ckpts.latest()                  # newest *complete* checkpoint, or None
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ._checkpoint import CheckpointDir, Protocol
+from ._errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTimeoutError,
+    InvalidRootError,
+    InvalidStepError,
+    ManifestError,
+    NotDurableError,
+    RootNotWritableError,
+    StagingLostError,
+    StepConflictError,
+    VerificationError,
+)
+from ._manifest import FileEntry, Manifest
+from ._names import MARKER, TMP_INFIX
+from ._scan import Checkpoint
+from ._version import __version__
+
+
+@contextlib.contextmanager
+def commit(
+    root: str | os.PathLike[str],
+    step: int,
+    *,
+    prefix: str = "",
+    durable: bool = True,
+    metadata: Mapping[str, Any] | None = None,
+) -> Iterator[Path]:
+    """``CheckpointDir(root, ...).commit(step)`` in one call."""
+    with CheckpointDir(root, prefix=prefix, durable=durable).commit(step, metadata=metadata) as p:
+        yield p
+
+
+def latest(root: str | os.PathLike[str], *, prefix: str = "") -> Checkpoint | None:
+    """The newest complete checkpoint under ``root``, or None."""
+    return CheckpointDir(root, prefix=prefix).latest()
+
+
+__all__ = [
+    "MARKER",
+    "TMP_INFIX",
+    "Checkpoint",
+    "CheckpointDir",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointTimeoutError",
+    "FileEntry",
+    "InvalidRootError",
+    "InvalidStepError",
+    "Manifest",
+    "ManifestError",
+    "NotDurableError",
+    "Protocol",
+    "RootNotWritableError",
+    "StagingLostError",
+    "StepConflictError",
+    "VerificationError",
+    "__version__",
+    "commit",
+    "latest",
+]

@@ -1,0 +1,702 @@
+"""``CheckpointDir``: commit, scan, verify, adopt, clean and prune one checkpoint root.
+
+The commit protocol is :meth:`CheckpointDir._publish`; its steps are numbered
+as in ``PROTOCOL.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from filelock import FileLock, Timeout
+
+from . import _fs
+from ._errors import (
+    CheckpointNotFoundError,
+    CheckpointTimeoutError,
+    InvalidRootError,
+    InvalidStepError,
+    ManifestError,
+    NotDurableError,
+    RootNotWritableError,
+    StagingLostError,
+    StepConflictError,
+    VerificationError,
+)
+from ._manifest import FileEntry, Manifest
+from ._names import (
+    MARKER,
+    ROOT_LOCK,
+    TAG_DELETE,
+    TAG_OLD,
+    TMP_INFIX,
+    lock_name,
+    new_token,
+    parse_step,
+    parse_tmp,
+    step_name,
+    tmp_name,
+)
+from ._scan import Checkpoint, classify, complete, read_marker
+from ._tree import CHECKSUMS, checksum_file, sync_tree
+from ._version import __version__
+
+log = logging.getLogger("atomic_ckpt")
+
+PathLike = str | os.PathLike[str]
+
+_MARKER_TMP_PREFIX = MARKER + TMP_INFIX
+_NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Which durability steps a commit performs.
+
+    The default is the full protocol. ``durable=False`` switches every fsync
+    off but keeps the atomic rename. The crash tests switch single steps off
+    (protocol mutants) to show that the simulation notices.
+    """
+
+    fsync_files: bool = True
+    fsync_dirs: bool = True
+    """Subdirectories of the checkpoint (the checkpoint dir itself is ``fsync_staging``)."""
+    fsync_marker: bool = True
+    marker_via_tmp: bool = True
+    fsync_staging: bool = True
+    fsync_root: bool = True
+    replace: Literal["exchange", "aside", "delete"] = "exchange"
+    """How an existing step is replaced: RENAME_EXCHANGE, the move-aside fallback,
+    or (a mutant only) delete-then-rename."""
+
+
+FULL = Protocol()
+NOT_DURABLE = Protocol(
+    fsync_files=False,
+    fsync_dirs=False,
+    fsync_marker=False,
+    fsync_staging=False,
+    fsync_root=False,
+)
+
+
+def _check_step(step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise InvalidStepError(
+            f"step must be a non-negative int, got {type(step).__name__} {step!r}", step=None
+        )
+    if step < 0:
+        raise InvalidStepError(f"step must be non-negative, got {step}", step=step)
+    return step
+
+
+class CheckpointDir:
+    """A directory of checkpoints, one subdirectory per step, committed atomically.
+
+    ``root`` is created at the first commit; reading a missing root means "no
+    checkpoints". With ``prefix="checkpoint-"`` the step directories are
+    ``checkpoint-N``. ``durable=False`` skips every fsync (safe against process
+    crashes, not against power loss). ``checksum`` names the algorithm recorded
+    per file in the manifest (``"crc32"``, ``"sha256"``, ``"xxh3_128"`` with the
+    xxhash package) or None for sizes only. ``lock_timeout`` bounds the wait for
+    the root lock, in seconds (negative: wait forever).
+    """
+
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        prefix: str = "",
+        durable: bool = True,
+        checksum: str | None = "crc32",
+        lock_timeout: float = 300.0,
+    ) -> None:
+        self._root = Path(os.path.abspath(os.fspath(root)))
+        if "/" in prefix or os.sep in prefix or TMP_INFIX in prefix:
+            raise ValueError(f"prefix {prefix!r} must be a plain name fragment")
+        if checksum is not None and checksum not in CHECKSUMS:
+            raise ValueError(f"unknown checksum {checksum!r}; choose one of {sorted(CHECKSUMS)}")
+        self._prefix = prefix
+        self._durable = durable
+        self._checksum = checksum
+        self._lock_timeout = lock_timeout
+        self._protocol = FULL if durable else NOT_DURABLE
+        self._warned: set[Path] = set()
+        if self._root.exists() and not self._root.is_dir():
+            raise InvalidRootError(
+                f"checkpoint root {self._root} exists but is not a directory; "
+                "pass a directory path (it is created if missing)",
+                path=self._root,
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointDir({str(self._root)!r}, prefix={self._prefix!r}, durable={self._durable})"
+        )
+
+    @property
+    def root(self) -> Path:
+        """The root directory (absolute)."""
+        return self._root
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def durable(self) -> bool:
+        return self._durable
+
+    def path_of(self, step: int) -> Path:
+        """Where ``step``'s checkpoint lives (whether or not it exists)."""
+        return self._root / step_name(self._prefix, _check_step(step))
+
+    # ------------------------------------------------------------------ reading
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every complete checkpoint, by ascending step."""
+        return complete(self._root, self._prefix, self._warned)
+
+    def steps(self) -> list[int]:
+        """The steps of the complete checkpoints, ascending."""
+        return [c.step for c in self.checkpoints()]
+
+    def latest(self) -> Checkpoint | None:
+        """The complete checkpoint with the highest step, or None."""
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def get(self, step: int) -> Checkpoint:
+        """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete."""
+        path = self.path_of(step)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"no checkpoint for step {step} in {self._root}", path=path, step=step
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise CheckpointNotFoundError(
+                f"{path} is not a checkpoint directory (it is a file or a symlink)",
+                path=path,
+                step=step,
+            )
+        entry = classify(path, step)
+        if entry.status == "unmarked":
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is incomplete: it has no {MARKER} marker. If it was "
+                f"written completely before atomic_ckpt, adopt it with "
+                f"`atomic-ckpt mark-complete {path}`",
+                path=path,
+                step=step,
+            )
+        if entry.manifest is None:
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is incomplete: {entry.problem}", path=path, step=step
+            )
+        return Checkpoint(step, path, entry.manifest)
+
+    def verify(self, step: int) -> Checkpoint:
+        """Check that every file in the manifest is present with its size and checksum.
+
+        Raises VerificationError naming the first bad file. A legacy (empty)
+        marker verifies presence only.
+        """
+        ckpt = self.get(step)
+        m = ckpt.manifest
+        if m.legacy:
+            return ckpt
+        if m.step is not None and m.step != step:
+            raise VerificationError(
+                f"{ckpt.path}: manifest records step {m.step}, but the directory is step {step}",
+                path=ckpt.path,
+                step=step,
+            )
+        if m.checksum is not None and m.checksum not in CHECKSUMS:
+            raise VerificationError(
+                f"{ckpt.path}: cannot check checksums of algorithm {m.checksum!r} here",
+                path=ckpt.path,
+                step=step,
+            )
+        for entry in m.files:
+            problem = _check_entry(ckpt.path, entry, m.checksum)
+            if problem is not None:
+                bad = ckpt.path / entry.path
+                raise VerificationError(f"{bad}: {problem}", path=bad, step=step)
+        return ckpt
+
+    # ------------------------------------------------------------------ writing
+
+    @contextlib.contextmanager
+    def commit(self, step: int, *, metadata: Mapping[str, Any] | None = None) -> Iterator[Path]:
+        """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
+
+        Yields the staging directory; write anything inside it. On a normal
+        exit it is made durable and promoted to ``root/<step>``, atomically
+        replacing an existing one. On an exception the staging directory is
+        removed, nothing else is touched, and the exception propagates.
+        ``metadata`` (JSON-serializable) is stored in the manifest.
+        """
+        step = _check_step(step)
+        name = step_name(self._prefix, step)
+        final = self._root / name
+        meta = dict(metadata or {})
+        _ensure_json(meta)
+        self._ensure_root()
+        self._check_target(final, step)
+        token = new_token()
+        staging = self._root / tmp_name(name, token)
+        with self._staging_lock(name, token):
+            try:
+                ident = self._make_staging(staging)
+                yield staging
+                self._check_staging(staging, ident, step)
+                self._publish(step, staging, final, meta)
+            except BaseException as exc:
+                self._discard(staging, exc)
+                raise
+
+    def _publish(self, step: int, staging: Path, final: Path, metadata: dict[str, Any]) -> None:
+        """The commit protocol (PROTOCOL.md, steps 3 to 7), in order."""
+        p = self._protocol
+        # 3. fsync every regular file and subdirectory of the tree. (The staging
+        #    dir itself is fsynced once, after the marker is in place: that one
+        #    fsync makes every entry of it durable.)
+        files = sync_tree(
+            staging,
+            fsync_files=p.fsync_files,
+            fsync_dirs=p.fsync_dirs,
+            checksum=self._checksum,
+            skip=_is_marker_name,
+        )
+        # 4. The marker: the manifest, via a temporary name, fsynced, renamed;
+        #    then fsync the staging dir.
+        manifest = Manifest(
+            step=step,
+            files=tuple(files),
+            created=time.time(),
+            library_version=__version__,
+            checksum=self._checksum,
+            metadata=metadata,
+        )
+        self._write_marker(staging, manifest)
+        if p.fsync_staging:
+            _fs.fsync_dir(staging)
+        # 5. Promote, under the root lock: rename (new step) or exchange (replace).
+        with self._root_lock():
+            self._restore_asides()
+            self._check_target(final, step)
+            old = self._promote(staging, final)
+            # 6. fsync the root: this makes the rename itself durable.
+            if p.fsync_root:
+                try:
+                    _fs.fsync_dir(self._root)
+                except OSError as exc:
+                    raise NotDurableError(
+                        f"checkpoint {final} was promoted and is visible, but fsync of "
+                        f"{self._root} failed ({exc}): it may not survive a power loss. "
+                        "Check the disk, then commit this step again",
+                        path=final,
+                        step=step,
+                    ) from exc
+        # 7. Remove the old copy, if any (it sits under a name the scanner ignores).
+        if old is not None:
+            try:
+                _fs.remove_tree(old)
+            except OSError as exc:
+                log.warning("could not remove old copy %s (%s); clean() will", old, exc)
+
+    def _promote(self, staging: Path, final: Path) -> Path | None:
+        """Move ``staging`` to ``final``. Returns where the old copy went, if there was one."""
+        try:
+            _fs.rename_noreplace(staging, final)
+            return None
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+        mode = self._protocol.replace
+        if mode == "exchange":
+            try:
+                _fs.rename_exchange(staging, final)
+                return staging
+            except OSError as exc:
+                if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
+                    raise
+                log.info("RENAME_EXCHANGE unsupported here (%s); replacing by moving aside", exc)
+                mode = "aside"
+        if mode == "delete":  # a protocol mutant: never the library's choice
+            _fs.remove_tree(final)
+            _fs.rename(staging, final)
+            return None
+        # The fallback: move the old copy aside under a .tmp-old- name (which
+        # clean() restores if we crash before the next rename), then promote.
+        token = parse_tmp(staging.name)
+        assert token is not None
+        aside = self._root / tmp_name(final.name, token.token, TAG_OLD)
+        _fs.rename(final, aside)
+        try:
+            _fs.rename_noreplace(staging, final)
+        except BaseException:
+            _fs.rename(aside, final)
+            raise
+        return aside
+
+    def _write_marker(self, directory: Path, manifest: Manifest) -> None:
+        p = self._protocol
+        tmp = directory / (_MARKER_TMP_PREFIX + new_token()) if p.marker_via_tmp else None
+        _fs.write_file_durable(
+            directory / MARKER, manifest.to_bytes(), tmp=tmp, sync=p.fsync_marker
+        )
+
+    def mark_complete(self, step: int) -> Checkpoint:
+        """Adopt an existing directory written without this library.
+
+        Fsyncs its files, writes a manifest marker (replacing a legacy empty
+        one), and fsyncs the directory. A directory that already has a
+        manifest is returned unchanged.
+        """
+        path = self.path_of(step)
+        with self._root_lock():
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                raise CheckpointNotFoundError(
+                    f"{path} does not exist: nothing to mark complete", path=path, step=step
+                ) from None
+            if not stat.S_ISDIR(st.st_mode):
+                raise StepConflictError(
+                    f"{path} is not a directory: only a checkpoint directory can be marked",
+                    path=path,
+                    step=step,
+                )
+            try:
+                existing = read_marker(path)
+            except ManifestError:
+                existing = None  # an unreadable marker is replaced by a valid one
+            if existing is not None and not existing.legacy:
+                return Checkpoint(step, path, existing)
+            p = self._protocol
+            files = sync_tree(
+                path,
+                fsync_files=p.fsync_files,
+                fsync_dirs=p.fsync_dirs,
+                checksum=self._checksum,
+                skip=_is_marker_name,
+            )
+            manifest = Manifest(
+                step=step,
+                files=tuple(files),
+                created=time.time(),
+                library_version=__version__,
+                checksum=self._checksum,
+                metadata={"adopted": True},
+            )
+            self._write_marker(path, manifest)
+            if p.fsync_staging:
+                _fs.fsync_dir(path)
+        return Checkpoint(step, path, manifest)
+
+    def clean(self, *, dry_run: bool = False) -> list[Path]:
+        """Remove what crashed or killed saves left behind; return what was (or would be) removed.
+
+        Removes orphaned staging dirs, old copies and their lock files. A staging
+        dir whose writer is alive (it holds the lock) is never touched. An old
+        copy moved aside by the fallback replace whose step is now missing is
+        renamed back instead (logged, not returned).
+        """
+        if not self._root.is_dir():
+            return []
+        removed: list[Path] = []
+        with self._root_lock():
+            self._restore_asides(dry_run=dry_run)
+            groups: dict[str, list[Path]] = {}
+            for name in sorted(os.listdir(self._root)):
+                tmp = parse_tmp(name)
+                if tmp is not None:
+                    groups.setdefault(tmp.token, []).append(self._root / name)
+            for token, paths in groups.items():
+                tmp = parse_tmp(paths[0].name)
+                assert tmp is not None
+                lock_path = self._root / lock_name(tmp.name, token)
+                had_lock = lock_path.exists()
+                lock = self._try_lock(lock_path) if (had_lock or not dry_run) else None
+                if lock is None and (had_lock or not dry_run):
+                    continue  # a live writer holds it
+                try:
+                    for path in paths:
+                        if path == lock_path or (dry_run and self._is_restorable(path)):
+                            continue
+                        removed.append(path)
+                        if not dry_run:
+                            _fs.remove_tree(path)
+                    if had_lock:
+                        removed.append(lock_path)
+                finally:
+                    if lock is not None:
+                        if dry_run:
+                            lock.release()
+                        else:
+                            self._drop_lock(lock)
+        return removed
+
+    def prune(self, *, keep_last: int) -> list[Path]:
+        """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
+
+        Each is first renamed out of sight (``N.tmp-del-…``) and the rename made
+        durable, so an interrupted deletion never leaves a complete-looking
+        directory. The latest checkpoint is never deleted.
+        """
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(
+                f"keep_last must be an int >= 1 (the latest checkpoint is never deleted), "
+                f"got {keep_last!r}"
+            )
+        victims = self.checkpoints()[:-keep_last]
+        return self._delete([c.path for c in victims])
+
+    def _delete(self, paths: list[Path]) -> list[Path]:
+        """Delete checkpoint directories: move each aside durably, then remove it."""
+        if not paths:
+            return []
+        moved: list[tuple[Path, Path, FileLock]] = []
+        try:
+            with self._root_lock():
+                for path in paths:
+                    token = new_token()
+                    lock = self._new_lock(self._root / lock_name(path.name, token), timeout=0)
+                    lock.acquire()
+                    aside = self._root / tmp_name(path.name, token, TAG_DELETE)
+                    try:
+                        _fs.rename(path, aside)
+                    except FileNotFoundError:
+                        self._drop_lock(lock)
+                        continue
+                    moved.append((path, aside, lock))
+                if self._protocol.fsync_root:
+                    _fs.fsync_dir(self._root)
+            for _, aside, _ in moved:
+                _fs.remove_tree(aside)
+        finally:
+            for _, _, lock in moved:
+                self._drop_lock(lock)
+        return [path for path, _, _ in moved]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ensure_root(self) -> None:
+        try:
+            self._root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise InvalidRootError(
+                f"checkpoint root {self._root} exists but is not a directory", path=self._root
+            ) from None
+        except NotADirectoryError:
+            raise InvalidRootError(
+                f"checkpoint root {self._root} cannot be created: a parent is a file",
+                path=self._root,
+            ) from None
+        except OSError as exc:
+            raise self._wrap(exc) from exc
+
+    def _wrap(self, exc: OSError) -> BaseException:
+        if exc.errno in _NOT_WRITABLE:
+            why = "the filesystem is read-only" if exc.errno == errno.EROFS else "permission denied"
+            return RootNotWritableError(
+                f"cannot write to checkpoint root {self._root}: {why}. Choose a writable "
+                "directory or fix its permissions; existing checkpoints are untouched",
+                path=self._root,
+            )
+        return exc
+
+    def _check_target(self, final: Path, step: int) -> None:
+        try:
+            st = os.lstat(final)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise StepConflictError(
+                f"{final} exists and is {kind}, so step {step} cannot be committed there; "
+                "move it away first",
+                path=final,
+                step=step,
+            )
+
+    def _make_staging(self, staging: Path) -> tuple[int, int]:
+        try:
+            os.mkdir(staging)  # mode 0o777 & ~umask, like any mkdir
+        except OSError as exc:
+            raise self._wrap(exc) from exc
+        st = os.lstat(staging)
+        return (st.st_dev, st.st_ino)
+
+    def _check_staging(self, staging: Path, ident: tuple[int, int], step: int) -> None:
+        try:
+            st = os.lstat(staging)
+        except FileNotFoundError:
+            st = None
+        if st is None or not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != ident:
+            raise StagingLostError(
+                f"the staging directory {staging} was removed or replaced during the save; "
+                "the save function must write inside it, not move or delete it. "
+                "Nothing was committed",
+                path=staging,
+                step=step,
+            )
+
+    def _discard(self, staging: Path, exc: BaseException) -> None:
+        """Remove a failed commit's staging dir; attach (never swallow) a cleanup failure."""
+        try:
+            _fs.remove_tree(staging)
+        except OSError as cleanup:
+            exc.add_note(f"atomic_ckpt: removing {staging} also failed: {cleanup!r}")
+
+    def _new_lock(self, path: Path, timeout: float) -> FileLock:
+        # A fresh FileLock per acquisition: each holds its own descriptor, so
+        # threads of one process exclude each other as processes do.
+        return FileLock(path, timeout=timeout, thread_local=False)
+
+    def _drop_lock(self, lock: FileLock) -> None:
+        """Release a per-token lock and remove its file (unlinked while still held)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock.lock_file)
+        lock.release()
+
+    @contextlib.contextmanager
+    def _root_lock(self) -> Iterator[None]:
+        self._ensure_root()
+        lock = self._new_lock(self._root / ROOT_LOCK, self._lock_timeout)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise CheckpointTimeoutError(
+                f"timed out after {self._lock_timeout}s waiting for the lock of {self._root}; "
+                "another process holds it (a commit, clean or prune)",
+                path=self._root,
+            ) from None
+        except OSError as exc:
+            raise self._wrap(exc) from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextlib.contextmanager
+    def _staging_lock(self, name: str, token: str) -> Iterator[None]:
+        # Taken under the root lock and before the staging dir exists, so
+        # clean() (which holds the root lock) never sees a live save unlocked.
+        with self._root_lock():
+            lock = self._new_lock(self._root / lock_name(name, token), timeout=0)
+            try:
+                lock.acquire()
+            except OSError as exc:
+                raise self._wrap(exc) from exc
+        try:
+            yield
+        finally:
+            self._drop_lock(lock)
+
+    def _try_lock(self, path: Path) -> FileLock | None:
+        """Acquire ``path`` if free (creating it if missing); None if someone holds it."""
+        lock = self._new_lock(path, timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            return None
+        return lock
+
+    def _is_restorable(self, path: Path) -> bool:
+        """Is ``path`` a fallback replace's complete old copy whose step is now missing?"""
+        tmp = parse_tmp(path.name)
+        if tmp is None or tmp.tag != TAG_OLD or parse_step(self._prefix, tmp.name) is None:
+            return False
+        if os.path.lexists(self._root / tmp.name):
+            return False
+        try:
+            return read_marker(path) is not None
+        except (ManifestError, OSError):
+            return False
+
+    def _restore_asides(self, *, dry_run: bool = False) -> None:
+        """Undo the crash window of the fallback replace (call under the root lock).
+
+        The fallback moves ``N/`` aside to ``N.tmp-old-…`` before renaming the
+        new copy to ``N/``; a crash between the two leaves no ``N/``. A live
+        writer is never in that window outside the root lock, so here every
+        such copy is a crashed one: rename it back.
+        """
+        restored = False
+        for name in sorted(os.listdir(self._root)):
+            path = self._root / name
+            if self._is_restorable(path):
+                log.warning("restoring %s to %s (a replace was interrupted)", path, name)
+                if not dry_run:
+                    tmp = parse_tmp(name)
+                    assert tmp is not None
+                    _fs.rename_noreplace(path, self._root / tmp.name)
+                    restored = True
+        if restored and self._protocol.fsync_root:
+            _fs.fsync_dir(self._root)
+
+
+def _is_marker_name(name: str) -> bool:
+    return name == MARKER or name.startswith(_MARKER_TMP_PREFIX)
+
+
+def _ensure_json(metadata: dict[str, Any]) -> None:
+    import json
+
+    try:
+        json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"metadata must be JSON-serializable: {exc}") from None
+
+
+def _check_entry(top: Path, entry: FileEntry, algorithm: str | None) -> str | None:
+    """Why ``entry`` does not match what is on disk under ``top``, or None if it does."""
+    parts = entry.path.split("/")
+    current = top
+    for part in parts[:-1]:  # never follow a symlink on the way
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            return "missing (its directory is gone)"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{part} on its path is not a directory"
+    target = top / entry.path
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return "missing"
+    if entry.type == "dir":
+        return None if stat.S_ISDIR(st.st_mode) else "should be a directory"
+    if entry.type == "symlink":
+        if not stat.S_ISLNK(st.st_mode):
+            return "should be a symlink"
+        actual = os.readlink(target)
+        return (
+            None
+            if actual == entry.target
+            else f"symlink points to {actual!r}, not {entry.target!r}"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        return "should be a regular file"
+    if st.st_size != entry.size:
+        return f"size is {st.st_size}, manifest says {entry.size}"
+    if algorithm is not None and entry.checksum is not None:
+        actual = checksum_file(target, algorithm)
+        if actual != entry.checksum:
+            return f"{algorithm} checksum is {actual}, manifest says {entry.checksum}"
+    return None

@@ -1,0 +1,74 @@
+"""The error hierarchy: one base class, each subclass also the builtin a caller catches.
+
+Every error carries the path or step it is about and pickles (so it survives a
+``multiprocessing`` or ``torch.distributed`` boundary with its attributes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class CheckpointError(Exception):
+    """Base class of every error raised by atomic_ckpt."""
+
+    def __init__(
+        self, message: str, *, path: str | Path | None = None, step: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path = Path(path) if path is not None else None
+        self.step = step
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # OSError and friends pickle by their args only; keep path/step as well.
+        return (_rebuild, (type(self), str(self), self.path, self.step), self.__dict__)
+
+
+def _rebuild(
+    cls: type[CheckpointError], message: str, path: Path | None, step: int | None
+) -> CheckpointError:
+    return cls(message, path=path, step=step)
+
+
+class InvalidStepError(CheckpointError, ValueError):
+    """A step that is not a non-negative integer."""
+
+
+class InvalidRootError(CheckpointError, NotADirectoryError):
+    """The checkpoint root exists but is not a directory."""
+
+
+class RootNotWritableError(CheckpointError, PermissionError):
+    """The root (or its parent) cannot be written: permissions or a read-only filesystem."""
+
+
+class StepConflictError(CheckpointError, FileExistsError):
+    """The step's name is taken by something that is not a checkpoint directory."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No complete checkpoint exists for the requested step (absent or unmarked)."""
+
+
+class StagingLostError(CheckpointError, FileNotFoundError):
+    """The staging directory disappeared or was replaced during the save."""
+
+
+class ManifestError(CheckpointError, ValueError):
+    """A marker that is not a valid manifest, or a manifest with unsafe paths."""
+
+
+class VerificationError(CheckpointError, OSError):
+    """A checkpoint's files do not match its manifest (missing, wrong size or checksum)."""
+
+
+class NotDurableError(CheckpointError, OSError):
+    """The checkpoint was promoted, but making the promotion durable failed."""
+
+
+class CheckpointTimeoutError(CheckpointError, TimeoutError):
+    """Waiting for a lock of the checkpoint root timed out."""

@@ -1,0 +1,206 @@
+"""The one module that makes the durability syscalls.
+
+Everything that must reach stable storage (fsync of a file or directory, the
+atomic renames, the durable write of a small file) goes through here, so the
+fault-injection and power-loss tests hook exactly one place.
+
+Platform choices are made once, at import:
+
+* Linux: ``fsync``; ``renameat2(2)`` through ctypes for ``RENAME_NOREPLACE``
+  and ``RENAME_EXCHANGE``.
+* macOS: ``fcntl(F_FULLFSYNC)``, because plain ``fsync`` there only hands the
+  data to the drive, which may keep it in a volatile cache.
+* Windows: directories cannot be opened for fsync, so directory fsync is a
+  no-op there; renames use ``os.rename``/``os.replace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import platform
+import shutil
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = [
+    "EXCHANGE_UNSUPPORTED",
+    "fsync_dir",
+    "fsync_fd",
+    "fsync_file",
+    "remove_tree",
+    "rename",
+    "rename_exchange",
+    "rename_noreplace",
+    "write_file_durable",
+]
+
+EXCHANGE_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.ENOTSUP})
+"""errnos meaning "this kernel or filesystem cannot do renameat2 with flags"."""
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276, "ppc64le": 357, "s390x": 347}
+
+_CAN_FSYNC_DIRS = sys.platform != "win32"
+_FULLFSYNC: int | None = (
+    getattr(__import__("fcntl"), "F_FULLFSYNC", None) if (sys.platform == "darwin") else None
+)
+
+
+def _load_renameat2() -> Callable[[bytes, bytes, int], int] | None:
+    """A callable ``(old, new, flags) -> 0 or -1`` for renameat2, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:  # glibc >= 2.28
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+
+        def via_libc(old: bytes, new: bytes, flags: int) -> int:
+            return int(fn(_AT_FDCWD, old, _AT_FDCWD, new, flags))
+
+        return via_libc
+    nr = _SYS_RENAMEAT2.get(platform.machine())
+    if nr is None:
+        return None
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+
+    def via_syscall(old: bytes, new: bytes, flags: int) -> int:
+        return int(
+            syscall(
+                ctypes.c_long(nr),
+                ctypes.c_int(_AT_FDCWD),
+                ctypes.c_char_p(old),
+                ctypes.c_int(_AT_FDCWD),
+                ctypes.c_char_p(new),
+                ctypes.c_uint(flags),
+            )
+        )
+
+    return via_syscall
+
+
+_renameat2 = _load_renameat2()
+
+
+def fsync_fd(fd: int) -> None:
+    """Flush one open file's data and metadata to stable storage."""
+    if _FULLFSYNC is not None:
+        import fcntl
+
+        fcntl.fcntl(fd, _FULLFSYNC)
+    else:
+        os.fsync(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync a regular file by path (never following a symlink)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fsync_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory, which makes the entries created, renamed or removed in it durable.
+
+    A no-op where directories cannot be fsynced (Windows).
+    """
+    if not _CAN_FSYNC_DIRS:
+        return
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fsync_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _renameat2_or_raise(src: Path, dst: Path, flags: int) -> None:
+    assert _renameat2 is not None
+    if _renameat2(os.fsencode(src), os.fsencode(dst), flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(src), None, str(dst))
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``, failing with FileExistsError if ``dst`` exists.
+
+    Linux uses ``renameat2(RENAME_NOREPLACE)``, which is atomic. Where the kernel
+    or filesystem refuses it, the fallback checks then renames; callers hold the
+    root lock, so no writer of this library can race the check.
+    """
+    if _renameat2 is not None:
+        try:
+            _renameat2_or_raise(src, dst, _RENAME_NOREPLACE)
+            return
+        except OSError as exc:
+            if exc.errno not in EXCHANGE_UNSUPPORTED:
+                raise
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
+
+
+def rename_exchange(a: Path, b: Path) -> None:
+    """Atomically swap two names with ``renameat2(RENAME_EXCHANGE)``.
+
+    Raises OSError with an errno in :data:`EXCHANGE_UNSUPPORTED` where the
+    platform, kernel or filesystem cannot; the caller falls back.
+    """
+    if _renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available on this platform", str(a))
+    _renameat2_or_raise(a, b, _RENAME_EXCHANGE)
+
+
+def rename(src: Path, dst: Path) -> None:
+    """A plain rename (replaces an empty directory or a file at ``dst``)."""
+    os.rename(src, dst)
+
+
+def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool) -> None:
+    """Write ``data`` to ``path``: through ``tmp`` (fsynced, then renamed) when given.
+
+    The directory holding ``path`` is not fsynced here; the caller does it once.
+    """
+    target = tmp if tmp is not None else path
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            fsync_fd(fd)
+    finally:
+        os.close(fd)
+    if tmp is not None:
+        os.replace(tmp, path)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree without following symlinks; a missing path is fine.
+
+    The marker goes first, so a tree interrupted halfway never looks complete.
+    """
+    from ._names import MARKER
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        os.unlink(path / MARKER)
+    shutil.rmtree(path)

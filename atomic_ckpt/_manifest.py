@@ -1,0 +1,155 @@
+"""The manifest: what the marker ``checkpoint_complete`` records about a checkpoint.
+
+Format (version 1), a JSON object::
+
+    {"format": "atomic_ckpt", "version": 1, "step": 7,
+     "created": 1764486000.0, "library_version": "0.1.0",
+     "checksum": "crc32" | null, "metadata": {...},
+     "files": [{"path": "model.safetensors", "type": "file", "size": 123, "checksum": "..."},
+               {"path": "shards", "type": "dir"},
+               {"path": "best", "type": "symlink", "target": "model.safetensors"}]}
+
+An empty marker (``touch checkpoint_complete``) is a legacy marker: the
+checkpoint is complete but there is nothing to verify it against.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._errors import ManifestError
+
+FORMAT = "atomic_ckpt"
+VERSION = 1
+
+EntryType = Literal["file", "dir", "symlink"]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a checkpoint: a regular file, a directory or a symlink."""
+
+    path: str
+    """Relative, normalized POSIX path inside the checkpoint."""
+    type: EntryType
+    size: int = 0
+    checksum: str | None = None
+    target: str | None = None
+    """For a symlink: where it points (never followed by the library)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "type": self.type}
+        if self.type == "file":
+            out["size"] = self.size
+            if self.checksum is not None:
+                out["checksum"] = self.checksum
+        elif self.type == "symlink":
+            out["target"] = self.target
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed contents of a checkpoint's marker."""
+
+    step: int | None
+    files: tuple[FileEntry, ...] = ()
+    created: float | None = None
+    library_version: str | None = None
+    checksum: str | None = None
+    """Checksum algorithm of the file entries, or None if none was recorded."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    legacy: bool = False
+    """True for an empty marker: complete, but nothing to verify against."""
+
+    @property
+    def total_size(self) -> int:
+        """Sum of the sizes of the regular files."""
+        return sum(e.size for e in self.files if e.type == "file")
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": self.step,
+            "created": self.created,
+            "library_version": self.library_version,
+            "checksum": self.checksum,
+            "metadata": dict(self.metadata),
+            "files": [e.to_json() for e in self.files],
+        }
+        return (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        """Parse a marker's bytes; raise ManifestError if it is not a valid manifest."""
+        if not data.strip():
+            return cls(step=None, legacy=True)
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"marker is not valid JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ManifestError("marker is JSON but not an object")
+        if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+            raise ManifestError(
+                f"unsupported manifest format {doc.get('format')!r} version {doc.get('version')!r}"
+            )
+        raw_files = doc.get("files")
+        if not isinstance(raw_files, list):
+            raise ManifestError("manifest has no file list")
+        step = doc.get("step")
+        if not (step is None or (isinstance(step, int) and not isinstance(step, bool))):
+            raise ManifestError(f"manifest step {step!r} is not an integer")
+        metadata = doc.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise ManifestError("manifest metadata is not an object")
+        created = doc.get("created")
+        return cls(
+            step=step,
+            files=tuple(_parse_entry(e) for e in raw_files),
+            created=float(created) if isinstance(created, int | float) else None,
+            library_version=_opt_str(doc.get("library_version")),
+            checksum=_opt_str(doc.get("checksum")),
+            metadata=metadata,
+        )
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _parse_entry(raw: object) -> FileEntry:
+    if not isinstance(raw, dict):
+        raise ManifestError(f"manifest entry {raw!r} is not an object")
+    path, kind = raw.get("path"), raw.get("type", "file")
+    if not isinstance(path, str) or kind not in ("file", "dir", "symlink"):
+        raise ManifestError(f"manifest entry {raw!r} has no valid path or type")
+    check_relative(path)
+    size = raw.get("size", 0)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ManifestError(f"manifest entry {path!r} has an invalid size {size!r}")
+    return FileEntry(
+        path=path,
+        type=kind,
+        size=size,
+        checksum=_opt_str(raw.get("checksum")),
+        target=_opt_str(raw.get("target")),
+    )
+
+
+def check_relative(path: str) -> None:
+    """Reject manifest paths that are absolute, not normalized, or climb out with ``..``."""
+    if (
+        not path
+        or path.startswith("/")
+        or "\0" in path
+        or posixpath.normpath(path) != path
+        or path == "."
+        or path.split("/", maxsplit=1)[0] == ".."
+    ):
+        raise ManifestError(f"unsafe path {path!r} in manifest: must be relative and inside")

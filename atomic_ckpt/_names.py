@@ -1,0 +1,94 @@
+"""Every on-disk name the library uses, defined once, and the parsers for them.
+
+Layout of one checkpoint root::
+
+    root/
+      3/                          complete: holds ``checkpoint_complete``
+      5.tmp-<hex>/                a save in progress (or the old copy it replaced)
+      5.tmp-<hex>.lock            the lock its writer holds for the whole save
+      5.tmp-old-<hex>/            fallback replace: the old copy moved aside
+      5.tmp-del-<hex>/            prune: a checkpoint being deleted
+      .atomic_ckpt.tmp-root.lock  serializes promotion within the root
+
+Anything whose name contains :data:`TMP_INFIX` is never a checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+MARKER = "checkpoint_complete"
+"""Completeness marker inside a checkpoint: the JSON manifest, or empty (legacy)."""
+
+TMP_INFIX = ".tmp-"
+"""Any name containing this is staging or garbage, never a checkpoint."""
+
+ROOT_LOCK = ".atomic_ckpt.tmp-root.lock"
+"""Lock file that serializes promotion (and cleanup) within one root."""
+
+LOCK_SUFFIX = ".lock"
+
+TAG_STAGING = ""
+TAG_OLD = "old-"
+"""Fallback replace without RENAME_EXCHANGE: the old copy, restorable by ``clean()``."""
+TAG_DELETE = "del-"
+"""Prune: a checkpoint moved out of sight before it is deleted."""
+
+_STEP_RE = re.compile(r"(?:0|[1-9][0-9]*)", re.ASCII)
+_TMP_RE = re.compile(
+    r"(?P<name>.+?)\.tmp-(?P<tag>old-|del-)?(?P<token>[0-9a-f]{32})(?P<lock>\.lock)?", re.ASCII
+)
+
+
+def step_name(prefix: str, step: int) -> str:
+    """The directory name of ``step``: the prefix followed by the canonical decimal."""
+    return f"{prefix}{step}"
+
+
+def parse_step(prefix: str, name: str) -> int | None:
+    """The step that ``name`` names, or None if it is not a canonical step name.
+
+    Canonical means ASCII decimal without leading zeros, after the prefix: ``7``,
+    not ``007``, ``+7`` or non-ASCII digits. Names containing ``.tmp-`` are never steps.
+    """
+    if TMP_INFIX in name or not name.startswith(prefix):
+        return None
+    digits = name[len(prefix) :]
+    if _STEP_RE.fullmatch(digits) is None:
+        return None
+    return int(digits)
+
+
+def new_token() -> str:
+    """A fresh random token for a staging name (uuid4 hex: 32 lowercase hex digits)."""
+    return uuid.uuid4().hex
+
+
+def tmp_name(name: str, token: str, tag: str = TAG_STAGING) -> str:
+    """The staging (or aside) name for the checkpoint ``name``."""
+    return f"{name}{TMP_INFIX}{tag}{token}"
+
+
+def lock_name(name: str, token: str) -> str:
+    """The lock file a writer holds while it owns ``tmp_name(name, token, *)``."""
+    return f"{name}{TMP_INFIX}{token}{LOCK_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class TmpName:
+    """A parsed ``<name>.tmp-[tag]<token>[.lock]`` entry of a root."""
+
+    name: str
+    tag: str
+    token: str
+    is_lock: bool
+
+
+def parse_tmp(entry: str) -> TmpName | None:
+    """Parse a staging, aside or lock name made by this library; None otherwise."""
+    m = _TMP_RE.fullmatch(entry)
+    if m is None:
+        return None
+    return TmpName(m["name"], m["tag"] or "", m["token"], m["lock"] is not None)
