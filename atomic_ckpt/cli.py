@@ -1,0 +1,235 @@
+"""The ``atomic-ckpt`` command line.
+
+Exit status: 0 success; 1 "nothing there" (no checkpoint, a failed
+verification) so shell scripts can branch on it; 2 an error (bad input, I/O).
+Errors print one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._checkpoint import CheckpointDir
+from ._errors import CheckpointError, CheckpointNotFoundError, VerificationError
+from ._names import parse_step
+from ._scan import Entry, scan
+from ._version import __version__
+
+EXIT_OK = 0
+EXIT_NONE = 1
+EXIT_ERROR = 2
+
+
+class _Failure(Exception):
+    """A problem to report on one line with an exit status."""
+
+    def __init__(self, message: str, status: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="atomic-ckpt",
+        description="Inspect, verify and repair directories of atomically committed checkpoints.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def root_cmd(name: str, help: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help, description=help)
+        c.add_argument("root", metavar="ROOT", help="the checkpoint root directory")
+        c.add_argument("--prefix", default="", help="step directory prefix, e.g. checkpoint-")
+        return c
+
+    c = root_cmd("ls", "list steps: complete, unmarked (no marker) and staging")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c = root_cmd("latest", "print the newest complete checkpoint's path (exit 1 if none)")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c = root_cmd("verify", "check files against the manifest (all complete steps, or STEP)")
+    c.add_argument("step", metavar="STEP", nargs="?", type=int, help="only this step")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c = root_cmd("clean", "remove staging dirs left by crashed or killed saves")
+    c.add_argument("--dry-run", action="store_true", help="only show what would be removed")
+    c = sub.add_parser(
+        "mark-complete",
+        help="adopt a checkpoint directory written without atomic_ckpt",
+        description="fsync a checkpoint directory's files and write its manifest marker",
+    )
+    c.add_argument("path", metavar="PATH", help="the step directory, e.g. ckpts/1200")
+    c.add_argument("--prefix", default="", help="step directory prefix, e.g. checkpoint-")
+    c = sub.add_parser("demo", help="watch a training run survive a kill mid-save")
+    c.add_argument("dir", metavar="DIR", nargs="?", help="work here instead of a temp dir")
+    c.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``atomic-ckpt`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="atomic-ckpt: warning: %(message)s")
+    try:
+        status: int = _COMMANDS[args.command](args)
+    except _Failure as exc:
+        print(f"atomic-ckpt: {exc}", file=sys.stderr)
+        return exc.status
+    except (CheckpointError, OSError, ValueError) as exc:
+        print(f"atomic-ckpt: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("atomic-ckpt: interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+def _open(args: argparse.Namespace) -> CheckpointDir:
+    ckpts = CheckpointDir(args.root, prefix=args.prefix)
+    if not ckpts.root.is_dir():
+        raise _Failure(f"no checkpoints: {ckpts.root} does not exist", EXIT_NONE)
+    return ckpts
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _on_disk(path: Path) -> tuple[int, int, float]:
+    """(files, bytes, mtime) of a directory tree, walked without following links."""
+    files = size = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            st = os.lstat(os.path.join(dirpath, name))
+            files += 1
+            size += st.st_size
+    return files, size, os.lstat(path).st_mtime
+
+
+def _row(e: Entry) -> dict[str, Any]:
+    if e.manifest is not None and not e.manifest.legacy:
+        m = e.manifest
+        files = sum(1 for f in m.files if f.type == "file")
+        size, created = m.total_size, m.created
+    else:
+        files, size, created = _on_disk(e.path)
+    return {
+        "step": e.step,
+        "status": e.status,
+        "files": files,
+        "size": size,
+        "created": created,
+        "path": str(e.path),
+        **({"problem": e.problem} if e.problem else {}),
+    }
+
+
+def _ls(args: argparse.Namespace) -> int:
+    ckpts = _open(args)
+    rows = [_row(e) for e in scan(ckpts.root, ckpts.prefix, include_staging=True)]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return EXIT_OK
+    if not rows:
+        print(f"no checkpoints in {ckpts.root}")
+        return EXIT_OK
+    print(f"{'STEP':>8}  {'STATUS':<9} {'FILES':>5} {'SIZE':>10}  {'CREATED':<19}  PATH")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"] or 0))
+        step = "-" if r["step"] is None else str(r["step"])
+        print(
+            f"{step:>8}  {r['status']:<9} {r['files']:>5} {_human(r['size']):>10}  {when}  "
+            f"{r['path']}"
+        )
+    return EXIT_OK
+
+
+def _latest(args: argparse.Namespace) -> int:
+    ckpt = _open(args).latest()
+    if ckpt is None:
+        raise _Failure(f"no complete checkpoint in {args.root}", EXIT_NONE)
+    if args.json:
+        print(json.dumps({"step": ckpt.step, "path": str(ckpt.path)}))
+    else:
+        print(ckpt.path)
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    ckpts = _open(args)
+    steps = [args.step] if args.step is not None else ckpts.steps()
+    if not steps:
+        raise _Failure(f"no complete checkpoint in {ckpts.root}", EXIT_NONE)
+    results: list[dict[str, Any]] = []
+    for step in steps:
+        try:
+            ckpt = ckpts.verify(step)
+            legacy = ckpt.manifest.legacy
+            results.append({"step": step, "ok": True, "legacy": legacy, "path": str(ckpt.path)})
+        except (VerificationError, CheckpointNotFoundError) as exc:
+            results.append({"step": step, "ok": False, "error": str(exc)})
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for r in results:
+            if r["ok"]:
+                note = " (legacy marker: presence only)" if r["legacy"] else ""
+                print(f"step {r['step']}: ok{note}")
+            else:
+                print(f"step {r['step']}: FAILED: {r['error']}")
+    return EXIT_OK if all(r["ok"] for r in results) else EXIT_NONE
+
+
+def _clean(args: argparse.Namespace) -> int:
+    ckpts = CheckpointDir(args.root, prefix=args.prefix)
+    removed = ckpts.clean(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for path in removed:
+        print(f"{verb} {path}")
+    if not removed:
+        print("nothing to clean")
+    return EXIT_OK
+
+
+def _mark_complete(args: argparse.Namespace) -> int:
+    path = Path(os.path.abspath(args.path))
+    step = parse_step(args.prefix, path.name)
+    if step is None:
+        raise _Failure(
+            f"error: {path.name!r} is not a step directory name"
+            + (f" with prefix {args.prefix!r}" if args.prefix else " (use --prefix if it has one)")
+        )
+    ckpt = CheckpointDir(path.parent, prefix=args.prefix).mark_complete(step)
+    print(f"marked {ckpt.path} complete ({len(ckpt.manifest.files)} entries)")
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return run_demo(args.dir, steps=args.steps)
+
+
+_COMMANDS = {
+    "ls": _ls,
+    "latest": _latest,
+    "verify": _verify,
+    "clean": _clean,
+    "mark-complete": _mark_complete,
+    "demo": _demo,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
