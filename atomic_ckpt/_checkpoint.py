@@ -46,6 +46,7 @@ from ._names import (
     step_name,
     tmp_name,
 )
+from ._retention import RetentionPolicy, read_best
 from ._scan import Checkpoint, classify, complete, read_marker
 from ._tree import CHECKSUMS, checksum_file, sync_tree
 from ._version import __version__
@@ -89,6 +90,14 @@ NOT_DURABLE = Protocol(
 )
 
 
+@dataclass
+class _Stage:
+    """A commit in progress: its staging directory, and (multi-rank) the gathered entries."""
+
+    path: Path
+    files: list[FileEntry] | None = None
+
+
 def _check_step(step: object) -> int:
     if isinstance(step, bool) or not isinstance(step, int):
         raise InvalidStepError(
@@ -117,10 +126,13 @@ class CheckpointDir:
         *,
         prefix: str = "",
         durable: bool = True,
-        checksum: str | None = "crc32",
+        checksum: str | None = "xxh3_128",
         lock_timeout: float = 300.0,
     ) -> None:
-        self._root = Path(os.path.abspath(os.fspath(root)))
+        # Symlinks resolved: fsync_dir never follows a link (O_NOFOLLOW), so a root
+        # reached through one (`ckpts -> /scratch/ckpts`) must be fsynced by its real
+        # path; resolving once also keeps one commit in one directory if the link moves.
+        self._root = Path(os.path.realpath(os.fspath(root)))
         if "/" in prefix or os.sep in prefix or TMP_INFIX in prefix:
             raise ValueError(f"prefix {prefix!r} must be a plain name fragment")
         if checksum is not None and checksum not in CHECKSUMS:
@@ -145,7 +157,7 @@ class CheckpointDir:
 
     @property
     def root(self) -> Path:
-        """The root directory (absolute)."""
+        """The root directory (absolute, symlinks resolved)."""
         return self._root
 
     @property
@@ -246,6 +258,17 @@ class CheckpointDir:
         removed, nothing else is touched, and the exception propagates.
         ``metadata`` (JSON-serializable) is stored in the manifest.
         """
+        with self._staged(step, metadata) as stage:
+            yield stage.path
+
+    @contextlib.contextmanager
+    def _staged(self, step: int, metadata: Mapping[str, Any] | None) -> Iterator[_Stage]:
+        """:meth:`commit`, yielding a :class:`_Stage`.
+
+        A multi-rank commit (``atomic_ckpt.distributed``) sets ``stage.files``
+        before a normal exit: the entries every rank listed after fsyncing the
+        tree, so step 3 is not repeated here.
+        """
         step = _check_step(step)
         name = step_name(self._prefix, step)
         final = self._root / name
@@ -257,27 +280,41 @@ class CheckpointDir:
         staging = self._root / tmp_name(name, token)
         with self._staging_lock(name, token):
             try:
-                ident = self._make_staging(staging)
-                yield staging
-                self._check_staging(staging, ident, step)
-                self._publish(step, staging, final, meta)
+                fd = self._make_staging(staging)
+                try:
+                    stage = _Stage(staging)
+                    yield stage
+                    self._check_staging(staging, fd, step)
+                finally:
+                    os.close(fd)
+                self._publish(step, staging, final, meta, files=stage.files)
             except BaseException as exc:
                 self._discard(staging, exc)
                 raise
 
-    def _publish(self, step: int, staging: Path, final: Path, metadata: dict[str, Any]) -> None:
+    def _publish(
+        self,
+        step: int,
+        staging: Path,
+        final: Path,
+        metadata: dict[str, Any],
+        *,
+        files: list[FileEntry] | None = None,
+    ) -> None:
         """The commit protocol (PROTOCOL.md, steps 3 to 7), in order."""
         p = self._protocol
         # 3. fsync every regular file and subdirectory of the tree. (The staging
         #    dir itself is fsynced once, after the marker is in place: that one
-        #    fsync makes every entry of it durable.)
-        files = sync_tree(
-            staging,
-            fsync_files=p.fsync_files,
-            fsync_dirs=p.fsync_dirs,
-            checksum=self._checksum,
-            skip=_is_marker_name,
-        )
+        #    fsync makes every entry of it durable.) A multi-rank commit passes
+        #    ``files``: every rank has already done this step for what it wrote.
+        if files is None:
+            files = sync_tree(
+                staging,
+                fsync_files=p.fsync_files,
+                fsync_dirs=p.fsync_dirs,
+                checksum=self._checksum,
+                skip=_is_marker_name,
+            )
         # 4. The marker: the manifest, via a temporary name, fsynced, renamed;
         #    then fsync the staging dir.
         manifest = Manifest(
@@ -367,6 +404,10 @@ class CheckpointDir:
         manifest is returned unchanged.
         """
         path = self.path_of(step)
+        if not os.path.lexists(path):  # checked before the root lock, which would create the root
+            raise CheckpointNotFoundError(
+                f"{path} does not exist: nothing to mark complete", path=path, step=step
+            )
         with self._root_lock():
             try:
                 st = os.lstat(path)
@@ -402,9 +443,17 @@ class CheckpointDir:
                 checksum=self._checksum,
                 metadata={"adopted": True},
             )
+            # No rename follows: the marker is the commit point, so the entries
+            # of the directory must be durable before the marker's rename is.
+            if p.fsync_staging:
+                _fs.fsync_dir(path)
             self._write_marker(path, manifest)
             if p.fsync_staging:
                 _fs.fsync_dir(path)
+            # The directory's own entry in the root: a legacy writer may have
+            # just created it.
+            if p.fsync_root:
+                _fs.fsync_dir(self._root)
         return Checkpoint(step, path, manifest)
 
     def clean(self, *, dry_run: bool = False) -> list[Path]:
@@ -417,37 +466,42 @@ class CheckpointDir:
         """
         if not self._root.is_dir():
             return []
+        # A dry run only reads: it takes no lock of its own, so it works on a
+        # read-only root, and may list a save that finishes meanwhile.
+        with contextlib.nullcontext() if dry_run else self._root_lock():
+            return self._clean_locked(dry_run)
+
+    def _clean_locked(self, dry_run: bool) -> list[Path]:
         removed: list[Path] = []
-        with self._root_lock():
-            self._restore_asides(dry_run=dry_run)
-            groups: dict[str, list[Path]] = {}
-            for name in sorted(os.listdir(self._root)):
-                tmp = parse_tmp(name)
-                if tmp is not None:
-                    groups.setdefault(tmp.token, []).append(self._root / name)
-            for token, paths in groups.items():
-                tmp = parse_tmp(paths[0].name)
-                assert tmp is not None
-                lock_path = self._root / lock_name(tmp.name, token)
-                had_lock = lock_path.exists()
-                lock = self._try_lock(lock_path) if (had_lock or not dry_run) else None
-                if lock is None and (had_lock or not dry_run):
-                    continue  # a live writer holds it
-                try:
-                    for path in paths:
-                        if path == lock_path or (dry_run and self._is_restorable(path)):
-                            continue
+        self._restore_asides(dry_run=dry_run)
+        groups: dict[str, list[Path]] = {}
+        for name in sorted(os.listdir(self._root)):
+            tmp = parse_tmp(name)
+            if tmp is not None:
+                groups.setdefault(tmp.token, []).append(self._root / name)
+        for token, paths in groups.items():
+            tmp = parse_tmp(paths[0].name)
+            assert tmp is not None
+            lock_path = self._root / lock_name(tmp.name, token)
+            had_lock = lock_path.exists()
+            if dry_run:
+                if self._is_held(lock_path):
+                    continue
+                removed += [p for p in paths if p != lock_path and not self._is_restorable(p)]
+                removed += [lock_path] if had_lock else []
+                continue
+            lock = self._try_lock(lock_path)
+            if lock is None:
+                continue  # a live writer holds it
+            try:
+                for path in paths:
+                    if path != lock_path:
                         removed.append(path)
-                        if not dry_run:
-                            _fs.remove_tree(path)
-                    if had_lock:
-                        removed.append(lock_path)
-                finally:
-                    if lock is not None:
-                        if dry_run:
-                            lock.release()
-                        else:
-                            self._drop_lock(lock)
+                        _fs.remove_tree(path)
+                if had_lock:
+                    removed.append(lock_path)
+            finally:
+                self._drop_lock(lock)
         return removed
 
     def prune(self, *, keep_last: int) -> list[Path]:
@@ -455,15 +509,46 @@ class CheckpointDir:
 
         Each is first renamed out of sight (``N.tmp-del-…``) and the rename made
         durable, so an interrupted deletion never leaves a complete-looking
-        directory. The latest checkpoint is never deleted.
+        directory. The latest checkpoint, and the one ``checkpoint_best`` names
+        (see :meth:`retain`), are never deleted.
         """
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
             raise ValueError(
                 f"keep_last must be an int >= 1 (the latest checkpoint is never deleted), "
                 f"got {keep_last!r}"
             )
+        best = self.best()
         victims = self.checkpoints()[:-keep_last]
-        return self._delete([c.path for c in victims])
+        return self._delete([c.path for c in victims if best is None or c.step != best.step])
+
+    def retain(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: Literal["min", "max"] = "min",
+    ) -> list[Path]:
+        """Apply a :class:`RetentionPolicy` with these options; return the deleted paths.
+
+        Keeps the last ``keep_last``, every step divisible by ``keep_every`` and
+        the ``keep_best`` best by the manifest metadata key ``metric`` (``mode``
+        min or max), always the latest and the best; with ``metric`` it first
+        points the ``checkpoint_best`` symlink at the best checkpoint (durably).
+        """
+        policy = RetentionPolicy(
+            keep_last=keep_last,
+            keep_every=keep_every,
+            keep_best=keep_best,
+            metric=metric,
+            mode=mode,
+        )
+        return policy.apply(self)
+
+    def best(self) -> Checkpoint | None:
+        """The complete checkpoint the ``checkpoint_best`` symlink names, or None."""
+        return read_best(self)
 
     def _delete(self, paths: list[Path]) -> list[Path]:
         """Delete checkpoint directories: move each aside durably, then remove it."""
@@ -482,6 +567,9 @@ class CheckpointDir:
                     except FileNotFoundError:
                         self._drop_lock(lock)
                         continue
+                    except BaseException:
+                        self._drop_lock(lock)  # nothing was moved: leave no lock file behind
+                        raise
                     moved.append((path, aside, lock))
                 if self._protocol.fsync_root:
                     _fs.fsync_dir(self._root)
@@ -496,7 +584,7 @@ class CheckpointDir:
 
     def _ensure_root(self) -> None:
         try:
-            self._root.mkdir(parents=True, exist_ok=True)
+            _fs.makedirs(self._root, sync=self._protocol.fsync_root)
         except FileExistsError:
             raise InvalidRootError(
                 f"checkpoint root {self._root} exists but is not a directory", path=self._root
@@ -533,20 +621,24 @@ class CheckpointDir:
                 step=step,
             )
 
-    def _make_staging(self, staging: Path) -> tuple[int, int]:
+    def _make_staging(self, staging: Path) -> int:
+        """Create the staging dir; return a descriptor that pins its identity.
+
+        Holding the directory open for the whole save keeps its inode from being
+        reused, so a save that deletes it and makes a new one is always noticed.
+        """
         try:
             os.mkdir(staging)  # mode 0o777 & ~umask, like any mkdir
         except OSError as exc:
             raise self._wrap(exc) from exc
-        st = os.lstat(staging)
-        return (st.st_dev, st.st_ino)
+        return os.open(staging, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
-    def _check_staging(self, staging: Path, ident: tuple[int, int], step: int) -> None:
+    def _check_staging(self, staging: Path, fd: int, step: int) -> None:
         try:
-            st = os.lstat(staging)
+            st: os.stat_result | None = os.lstat(staging)
         except FileNotFoundError:
             st = None
-        if st is None or not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != ident:
+        if st is None or not stat.S_ISDIR(st.st_mode) or not os.path.samestat(st, os.fstat(fd)):
             raise StagingLostError(
                 f"the staging directory {staging} was removed or replaced during the save; "
                 "the save function must write inside it, not move or delete it. "
@@ -569,9 +661,11 @@ class CheckpointDir:
 
     def _drop_lock(self, lock: FileLock) -> None:
         """Release a per-token lock and remove its file (unlinked while still held)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock.lock_file)
-        lock.release()
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock.lock_file)
+        finally:
+            lock.release()  # even if the unlink failed (EIO, EROFS): never leak the lock
 
     @contextlib.contextmanager
     def _root_lock(self) -> Iterator[None]:
@@ -604,8 +698,28 @@ class CheckpointDir:
                 raise self._wrap(exc) from exc
         try:
             yield
-        finally:
-            self._drop_lock(lock)
+        except BaseException as exc:
+            # The save's (or the protocol's) error is the one to raise; a failure
+            # to remove the lock file is attached to it, never raised instead.
+            try:
+                self._drop_lock(lock)
+            except OSError as cleanup:
+                exc.add_note(f"atomic_ckpt: removing {lock.lock_file} also failed: {cleanup!r}")
+            raise
+        self._drop_lock(lock)
+
+    def _is_held(self, path: Path) -> bool:
+        """Does a live process hold the lock file ``path``? (False if it does not exist.)"""
+        if not path.exists():
+            return False
+        try:
+            lock = self._try_lock(path)
+        except OSError:
+            return True  # cannot tell (e.g. a read-only root): assume it is live
+        if lock is None:
+            return True
+        lock.release()
+        return False
 
     def _try_lock(self, path: Path) -> FileLock | None:
         """Acquire ``path`` if free (creating it if missing); None if someone holds it."""
@@ -621,7 +735,9 @@ class CheckpointDir:
         tmp = parse_tmp(path.name)
         if tmp is None or tmp.tag != TAG_OLD or parse_step(self._prefix, tmp.name) is None:
             return False
-        if os.path.lexists(self._root / tmp.name):
+        if os.path.lexists(self._root / tmp.name) or self._is_held(
+            self._root / lock_name(tmp.name, tmp.token)
+        ):
             return False
         try:
             return read_marker(path) is not None
@@ -640,10 +756,15 @@ class CheckpointDir:
         for name in sorted(os.listdir(self._root)):
             path = self._root / name
             if self._is_restorable(path):
-                log.warning("restoring %s to %s (a replace was interrupted)", path, name)
+                tmp = parse_tmp(name)
+                assert tmp is not None
+                log.warning(
+                    "%s %s to %s (a replace was interrupted)",
+                    "would restore" if dry_run else "restoring",
+                    path,
+                    tmp.name,
+                )
                 if not dry_run:
-                    tmp = parse_tmp(name)
-                    assert tmp is not None
                     _fs.rename_noreplace(path, self._root / tmp.name)
                     restored = True
         if restored and self._protocol.fsync_root:

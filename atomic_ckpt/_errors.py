@@ -72,3 +72,22 @@ class NotDurableError(CheckpointError, OSError):
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
+
+
+class DistributedCommitError(CheckpointError, RuntimeError):
+    """A multi-rank commit failed: a rank raised, crashed or timed out.
+
+    Raised on every rank that is still alive. ``ranks`` lists the ranks that
+    reported a failure (empty when the failure was losing contact with them).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        step: int | None = None,
+        ranks: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(message, path=path, step=step)
+        self.ranks = ranks

@@ -33,6 +33,7 @@ __all__ = [
     "fsync_dir",
     "fsync_fd",
     "fsync_file",
+    "makedirs",
     "remove_tree",
     "rename",
     "rename_exchange",
@@ -185,6 +186,24 @@ def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool)
         os.close(fd)
     if tmp is not None:
         os.replace(tmp, path)
+
+
+def makedirs(path: Path, *, sync: bool) -> None:
+    """``mkdir -p path``; with ``sync``, fsync the parent of each directory that was missing.
+
+    A directory's entry lives in its parent: without that fsync, a power loss
+    can drop a freshly created root together with every checkpoint committed
+    into it, even though each commit fsynced the root itself.
+    """
+    missing: list[Path] = []
+    p = path
+    while not os.path.lexists(p) and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    if sync:
+        for created in reversed(missing):
+            fsync_dir(created.parent)
 
 
 def remove_tree(path: Path) -> None:

@@ -9,6 +9,7 @@ Layout of one checkpoint root::
       5.tmp-old-<hex>/            fallback replace: the old copy moved aside
       5.tmp-del-<hex>/            prune: a checkpoint being deleted
       .atomic_ckpt.tmp-root.lock  serializes promotion within the root
+      checkpoint_best -> 4        symlink to the best checkpoint (``retain(metric=...)``)
 
 Anything whose name contains :data:`TMP_INFIX` is never a checkpoint.
 """
@@ -27,6 +28,9 @@ TMP_INFIX = ".tmp-"
 
 ROOT_LOCK = ".atomic_ckpt.tmp-root.lock"
 """Lock file that serializes promotion (and cleanup) within one root."""
+
+BEST_LINK = "checkpoint_best"
+"""Symlink in the root naming the best checkpoint by a metric (see ``retain``)."""
 
 LOCK_SUFFIX = ".lock"
 

@@ -8,14 +8,16 @@ recorded, never followed, opened, fsynced or hashed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import stat
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from . import _fs
 from ._manifest import FileEntry
@@ -23,13 +25,28 @@ from ._manifest import FileEntry
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
-_MAX_WORKERS = 16
+"""Read size for hashing: big enough to amortize the syscall, small enough to stay in cache."""
+_MAX_WORKERS = 32
+"""Threads for fsync and hashing. fsync blocks in the kernel without the GIL, so
+many in flight let the disk merge work (1,000 small files here: 1 thread 221 ms,
+16 threads 120 ms, 32 threads 110 ms; see benchmarks/fsync_overhead.py)."""
+_SPLIT = 8 << 20
+"""Files at least this big are hashed in a job of their own, beside their fsync."""
+
+_T = TypeVar("_T")
+
+
+def _buffer(fd: int) -> tuple[bytearray, memoryview]:
+    # Sized to the file (plus one byte, to see the end in one read), at most
+    # _CHUNK: a fresh 1 MiB buffer per 64 KiB file would cost more than the hash.
+    size = min(_CHUNK, os.fstat(fd).st_size + 1)
+    buf = bytearray(size)
+    return buf, memoryview(buf)
 
 
 def _crc32(fd: int) -> str:
     crc = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
+    buf, view = _buffer(fd)
     while n := os.readv(fd, [buf]):
         crc = zlib.crc32(view[:n], crc)
     return f"{crc:08x}"
@@ -38,8 +55,7 @@ def _crc32(fd: int) -> str:
 def _hashlib(name: str) -> Callable[[int], str]:
     def digest(fd: int) -> str:
         h = hashlib.new(name)
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
+        buf, view = _buffer(fd)
         while n := os.readv(fd, [buf]):
             h.update(view[:n])
         return h.hexdigest()
@@ -51,8 +67,7 @@ def _xxh3(fd: int) -> str:
     import xxhash
 
     h = xxhash.xxh3_128()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
+    buf, view = _buffer(fd)
     while n := os.readv(fd, [buf]):
         h.update(view[:n])
     return str(h.hexdigest())
@@ -107,6 +122,11 @@ def sync_tree(
     temporary names). Returns the entries sorted by path. Any fsync error
     propagates: a failed fsync is never retried (the kernel may have dropped
     the dirty pages, so a retry that succeeds proves nothing).
+
+    The tree is walked once. Each small file is one job (hash, then fsync); a
+    large file's hash is a job of its own, so it runs while the file is being
+    flushed (reading it back from the page cache costs CPU, the flush costs
+    disk time: together they take the longer of the two, not the sum).
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
@@ -122,34 +142,56 @@ def sync_tree(
         else:
             log.warning("%s is not a file, directory or symlink; it is not recorded", entry.path)
 
-    sizes = {rel: size for rel, _, size in files}
-    files_to_sync = files if fsync_files else []
-    dirs_to_sync = dirs if fsync_dirs else []
-    jobs = len(files_to_sync) + len(dirs_to_sync) + (len(files) if checksum else 0)
-    workers = min(_MAX_WORKERS, jobs)
+    # Largest files first, so the longest flushes start earliest.
+    jobs: list[Callable[[], tuple[str, str] | None]] = []
+    for rel, path, size in sorted(files, key=lambda f: -f[2]):
+        if checksum and fsync_files and size >= _SPLIT:
+            jobs.append(functools.partial(_fsync_file, path))
+            jobs.append(functools.partial(_hash_file, rel, path, checksum))
+        elif checksum or fsync_files:
+            jobs.append(functools.partial(_sync_file, rel, path, checksum, fsync_files))
+    if fsync_dirs:
+        jobs += [functools.partial(_fsync_dir, path) for _, path in dirs]
+    sums = dict(r for r in _run(jobs) if r is not None)
+    return _entries(files, dirs, links, {rel: size for rel, _, size in files}, sums)
+
+
+def _sync_file(rel: str, path: Path, checksum: str | None, fsync: bool) -> tuple[str, str] | None:
+    digest = checksum_file(path, checksum) if checksum else None
+    if fsync:
+        _fs.fsync_file(path)
+    return None if digest is None else (rel, digest)
+
+
+def _hash_file(rel: str, path: Path, checksum: str) -> tuple[str, str]:
+    return rel, checksum_file(path, checksum)
+
+
+def _fsync_file(path: Path) -> None:
+    _fs.fsync_file(path)  # looked up at call time: the fault-injection tests hook _fs
+
+
+def _fsync_dir(path: Path) -> None:
+    _fs.fsync_dir(path)
+
+
+def _run(jobs: list[Callable[[], _T]]) -> list[_T]:
+    """Run ``jobs`` on a thread pool (inline if there is only one); results in order.
+
+    The first error cancels the jobs not yet started, waits for the running
+    ones, and propagates (never retried).
+    """
+    workers = min(_MAX_WORKERS, len(jobs))
     if workers <= 1:
-        # Nothing to parallelize: do it inline (no thread start-up cost).
-        sums = {rel: checksum_file(path, checksum) for rel, path, _ in files} if checksum else {}
-        for _, path, _ in files_to_sync:
-            _fs.fsync_file(path)
-        for _, path in dirs_to_sync:
-            _fs.fsync_dir(path)
-    else:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="atomic_ckpt") as pool:
-            # Largest files first, so the longest flushes start earliest; each
-            # file's checksum runs beside its flush.
-            pending: list[Future[None]] = []
-            hashing: dict[str, Future[str]] = {}
-            for rel, path, _ in sorted(files, key=lambda f: -f[2]):
-                if fsync_files:
-                    pending.append(pool.submit(_fs.fsync_file, path))
-                if checksum:
-                    hashing[rel] = pool.submit(checksum_file, path, checksum)
-            pending.extend(pool.submit(_fs.fsync_dir, path) for _, path in dirs_to_sync)
-            for fut in pending:
-                fut.result()
-            sums = {rel: fut.result() for rel, fut in hashing.items()}
-    return _entries(files, dirs, links, sizes, sums)
+        return [job() for job in jobs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="atomic_ckpt") as pool:
+        futures = [pool.submit(job) for job in jobs]
+        try:
+            return [fut.result() for fut in futures]
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
 
 
 def _entries(
