@@ -19,11 +19,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._async import AsyncCommitter
 from ._checkpoint import CheckpointDir, Protocol
 from ._errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointTimeoutError,
+    DistributedCommitError,
     InvalidRootError,
     InvalidStepError,
     ManifestError,
@@ -34,7 +36,8 @@ from ._errors import (
     VerificationError,
 )
 from ._manifest import FileEntry, Manifest
-from ._names import MARKER, TMP_INFIX
+from ._names import BEST_LINK, MARKER, TMP_INFIX
+from ._retention import RetentionPolicy
 from ._scan import Checkpoint
 from ._version import __version__
 
@@ -59,13 +62,16 @@ def latest(root: str | os.PathLike[str], *, prefix: str = "") -> Checkpoint | No
 
 
 __all__ = [
+    "BEST_LINK",
     "MARKER",
     "TMP_INFIX",
+    "AsyncCommitter",
     "Checkpoint",
     "CheckpointDir",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointTimeoutError",
+    "DistributedCommitError",
     "FileEntry",
     "InvalidRootError",
     "InvalidStepError",
@@ -73,6 +79,7 @@ __all__ = [
     "ManifestError",
     "NotDurableError",
     "Protocol",
+    "RetentionPolicy",
     "RootNotWritableError",
     "StagingLostError",
     "StepConflictError",

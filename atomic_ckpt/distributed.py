@@ -1,0 +1,422 @@
+"""Multi-rank commit and resume over ``torch.distributed`` (PROTOCOL.md, "Several ranks").
+
+::
+
+    from atomic_ckpt import CheckpointDir
+    from atomic_ckpt.distributed import distributed_commit, rank_path, resume
+
+    ckpts = CheckpointDir("/shared/run1")
+    with distributed_commit(ckpts, step) as path:     # on every rank
+        torch.save(shard, rank_path(path / "model.pt"))  # model.rank<r>.pt
+    ckpt = resume(ckpts)                               # the same on every rank
+
+A commit, on every rank of the group, in order:
+
+1. rank 0 takes its staging lock, creates ``N.tmp-<uuid>/`` and broadcasts the
+   name (or why it could not);
+2. every rank writes its files into it (the ``with`` body);
+3. the ranks exchange their outcomes (this is the barrier after the writes);
+   if any rank raised, every rank raises and rank 0 removes the staging dir;
+4. every rank lists the whole staging tree and fsyncs every file and
+   subdirectory in it, so each rank certainly flushes what it wrote without
+   having to say which files those are (fsync of a file another rank wrote
+   and flushed is close to free); the files are split among the ranks for
+   hashing, so each is read once; the ranks exchange their listings, hashes and
+   outcomes, and a listing that differs from rank 0's is an error (the shared
+   filesystem does not show every rank the same directory);
+5. rank 0 alone writes the marker (a manifest of every rank's files), fsyncs
+   the staging dir, promotes under the root lock, fsyncs the root and, with
+   ``retain=``, applies the retention policy;
+6. rank 0 broadcasts the outcome: no rank leaves the ``with`` block before the
+   checkpoint is durable (this broadcast is the closing barrier), and if rank 0
+   failed every rank raises.
+
+The collectives run on a gloo group of the same ranks made for this purpose
+with ``timeout``: a rank that crashes or hangs makes the others raise
+:class:`~atomic_ckpt.DistributedCommitError` (a lost connection is usually
+noticed at once, a hung rank after ``timeout`` seconds) instead of waiting
+forever. Rank 0 promotes only after every rank reported success, so a rank
+lost before that means nothing was promoted; ``clean()`` removes a staging
+directory that a crashed rank 0 left behind.
+
+This is the only module of ``atomic_ckpt`` that imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from ._checkpoint import CheckpointDir, _is_marker_name, _Stage
+from ._errors import DistributedCommitError
+from ._manifest import FileEntry
+from ._retention import RetentionPolicy
+from ._scan import Checkpoint
+from ._tree import checksum_file, sync_tree
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "distributed_commit",
+    "load_dcp",
+    "rank_path",
+    "resume",
+]
+
+log = logging.getLogger("atomic_ckpt")
+
+DEFAULT_TIMEOUT = 1800.0
+"""Seconds a rank waits for the others at each step of a commit (as torch's default)."""
+
+_T = TypeVar("_T")
+_GROUPS: dict[tuple[object, object, float], dist.ProcessGroup] = {}
+
+
+def _coordination_group(group: dist.ProcessGroup | None, timeout: float) -> dist.ProcessGroup:
+    """A gloo group of ``group``'s ranks whose collectives time out after ``timeout``.
+
+    Made once per (group, timeout) and cached: like every collective, the first
+    commit must be entered by all ranks of the group. gloo carries the small
+    Python objects of the protocol whatever backend the training uses.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group() first (or use CheckpointDir.commit)"
+        )
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    world = dist.group.WORLD
+    key = (world, group, float(timeout))
+    pg = _GROUPS.get(key)
+    if pg is None:
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        made = dist.new_group(
+            ranks=ranks,
+            timeout=timedelta(seconds=timeout),
+            backend="gloo",
+            use_local_synchronization=group is not None,
+        )
+        assert made is not None  # every caller is a member
+        pg = _GROUPS[key] = made
+    return pg
+
+
+class _Ranks:
+    """The collectives of one commit, with a lost or hung rank turned into a clear error."""
+
+    def __init__(self, pg: dist.ProcessGroup, step: int | None, timeout: float) -> None:
+        self.pg = pg
+        self.rank = dist.get_rank(pg)
+        self.size = dist.get_world_size(pg)
+        self.step = step
+        self.timeout = timeout
+        self._src = dist.get_global_rank(pg, 0)
+
+    def broadcast(self, obj: _T, what: str, *, last: bool = False) -> _T:
+        box: list[Any] = [obj]
+        call = lambda: dist.broadcast_object_list(box, src=self._src, group=self.pg)  # noqa: E731
+        self._run(what, call, last=last)
+        return box[0]  # type: ignore[no-any-return]
+
+    def all_gather(self, obj: _T, what: str) -> list[_T]:
+        out: list[Any] = [None] * self.size
+        self._run(what, lambda: dist.all_gather_object(out, obj, group=self.pg))
+        return out
+
+    def _run(self, what: str, call: Callable[[], None], *, last: bool = False) -> None:
+        try:
+            call()
+        except RuntimeError as exc:  # DistBackendError: gloo timeout or a closed connection
+            if self.step is None:
+                outcome = ""
+            elif last:
+                outcome = (
+                    f" Rank 0 may have promoted step {self.step} before contact was lost; "
+                    "resume() after the restart shows what is complete."
+                )
+            else:
+                outcome = (
+                    f" Rank 0 promotes step {self.step} only once every rank has reported "
+                    "success, so unless the lost rank had already reported, nothing was "
+                    "promoted; clean() removes a staging dir that a crashed rank 0 left."
+                )
+            raise DistributedCommitError(
+                f"rank {self.rank} lost contact with the other ranks while {what} "
+                f"(timeout {self.timeout:g}s): a rank crashed, hung or is too slow.{outcome} "
+                f"Cause: {exc}",
+                step=self.step,
+            ) from exc
+
+
+def _describe(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    notes = "".join(f" [{n}]" for n in getattr(exc, "__notes__", ()))
+    return f"{type(exc).__name__}: {exc}{notes}"
+
+
+def _failures(outcomes: list[str | None], skip: int | None = None) -> list[tuple[int, str]]:
+    return [(r, why) for r, why in enumerate(outcomes) if why is not None and r != skip]
+
+
+def _failure_error(step: int, failed: list[tuple[int, str]], phase: str) -> DistributedCommitError:
+    detail = "; ".join(f"rank {r}: {why}" for r, why in failed)
+    return DistributedCommitError(
+        f"the commit of step {step} failed {phase} on rank(s) "
+        f"{', '.join(str(r) for r, _ in failed)} ({detail}). Nothing was promoted",
+        step=step,
+        ranks=tuple(r for r, _ in failed),
+    )
+
+
+@contextlib.contextmanager
+def distributed_commit(
+    ckpts: CheckpointDir,
+    step: int,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    group: dist.ProcessGroup | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    retain: RetentionPolicy | None = None,
+) -> Iterator[Path]:
+    """Commit one checkpoint written by every rank of ``group`` (default: all ranks).
+
+    Enter it on every rank with the same ``step``; each yields the same staging
+    directory. On a normal exit of every rank the checkpoint is durable and
+    promoted when the ``with`` block ends, on every rank. If any rank raises,
+    every rank raises (the raising rank its own exception, the others a
+    :class:`~atomic_ckpt.DistributedCommitError` naming the rank and its
+    error) and nothing is promoted. ``metadata`` is rank 0's. ``timeout``
+    bounds each wait for the other ranks, so it must exceed the difference
+    between the slowest and the fastest rank's save. ``retain`` is applied by
+    rank 0 after the commit is durable (only rank 0 deletes).
+    """
+    ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
+    staged = ckpts._staged(step, metadata) if ranks.rank == 0 else None
+    stage: _Stage | None = None
+    # 1. Rank 0 creates the staging dir (its lock first) and broadcasts its name.
+    problem: BaseException | None = None
+    if staged is not None:
+        try:
+            stage = staged.__enter__()
+        except Exception as exc:
+            problem = exc
+    try:
+        name, why = ranks.broadcast(
+            (stage.path.name if stage else None, _describe(problem)),
+            "receiving the staging directory from rank 0",
+        )
+    except BaseException as exc:
+        _abort(staged, stage, exc)
+        raise
+    if problem is not None:
+        raise problem
+    if why is not None or name is None:
+        raise DistributedCommitError(
+            f"rank 0 could not start the commit of step {step}: {why}", step=step, ranks=(0,)
+        )
+    staging = ckpts.root / name
+    try:
+        # 2. Every rank writes its files.
+        mine: BaseException | None = None
+        try:
+            yield staging
+        except BaseException as exc:
+            mine = exc
+        # 3. Agree that every rank wrote (the barrier after the writes).
+        failed = _failures(ranks.all_gather(_describe(mine), "agreeing that every rank wrote"))
+        if mine is not None:
+            others = [(r, w) for r, w in failed if r != ranks.rank]
+            if others:
+                mine.add_note(
+                    "atomic_ckpt: other ranks failed too: "
+                    + "; ".join(f"rank {r}: {w}" for r, w in others)
+                )
+            raise mine
+        if failed:
+            raise _failure_error(step, failed, "while writing")
+        # 4. Every rank fsyncs the tree (so what it wrote) and hashes its share.
+        synced: tuple[str, list[FileEntry], dict[str, str]] | None = None
+        try:
+            synced = _sync_share(ckpts, staging, ranks.rank, ranks.size)
+        except Exception as exc:
+            mine = exc
+        gathered = ranks.all_gather(
+            (_describe(mine), synced[0] if synced else None, synced[2] if synced else {}),
+            "agreeing that every rank flushed its files",
+        )
+        if mine is not None:
+            raise mine
+        failed = _failures([g[0] for g in gathered])
+        if failed:
+            raise _failure_error(step, failed, "while flushing")
+        digests = [g[1] for g in gathered]
+        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+        if differ:
+            raise DistributedCommitError(
+                f"the commit of step {step} failed: rank(s) {differ} see different files in "
+                f"{staging} than rank 0 after the barrier. The filesystem must show every "
+                "rank the same directory listing once all have written (on NFS, mount "
+                "with lookupcache=positive or actimeo=0). Nothing was promoted",
+                step=step,
+                ranks=tuple(differ),
+            )
+    except BaseException as exc:
+        _abort(staged, stage, exc)
+        raise
+    # 5. Rank 0: the marker (listing every rank's files), promote, fsync the root.
+    outcome: BaseException | None = None
+    if staged is not None and stage is not None and synced is not None:
+        sums: dict[str, str] = {}
+        for _, _, share in gathered:
+            sums.update(share)
+        stage.files = [_with_checksum(e, sums) for e in synced[1]]
+        try:
+            staged.__exit__(None, None, None)
+            if retain is not None:
+                try:
+                    retain.apply(ckpts)
+                except Exception as exc:
+                    exc.add_note(
+                        f"atomic_ckpt: step {step} was committed and is durable; only "
+                        "applying the retention policy failed"
+                    )
+                    raise
+        except Exception as exc:
+            outcome = exc
+    # 6. Rank 0 tells every rank the outcome: the barrier after the promotion.
+    why = ranks.broadcast(
+        _describe(outcome), "waiting for rank 0 to promote the checkpoint", last=True
+    )
+    if outcome is not None:
+        raise outcome
+    if why is not None:
+        raise DistributedCommitError(
+            f"rank 0 failed to commit step {step}: {why}", step=step, ranks=(0,)
+        )
+
+
+def _abort(
+    staged: contextlib.AbstractContextManager[_Stage] | None,
+    stage: _Stage | None,
+    exc: BaseException,
+) -> None:
+    """On rank 0: let ``CheckpointDir._staged`` remove the staging dir for ``exc``."""
+    if staged is not None and stage is not None:
+        staged.__exit__(type(exc), exc, exc.__traceback__)
+
+
+def _sync_share(
+    ckpts: CheckpointDir, staging: Path, rank: int, size: int
+) -> tuple[str, list[FileEntry], dict[str, str]]:
+    """fsync every file and subdirectory of ``staging``; hash every ``size``-th file.
+
+    Returns a digest of the listing (to compare across ranks), the listing,
+    and the checksums of this rank's share of the files.
+    """
+    p = ckpts._protocol
+    entries = sync_tree(
+        staging,
+        fsync_files=p.fsync_files,
+        fsync_dirs=p.fsync_dirs,
+        checksum=None,
+        skip=_is_marker_name,
+    )
+    listing = json.dumps([e.to_json() for e in entries]).encode()
+    digest = hashlib.sha256(listing).hexdigest()
+    algorithm = ckpts._checksum
+    share = [e.path for e in entries if e.type == "file"][rank::size]
+    sums: dict[str, str] = {}
+    if algorithm is not None and share:
+        with ThreadPoolExecutor(max_workers=min(8, len(share))) as pool:
+            found = pool.map(lambda rel: checksum_file(staging / rel, algorithm), share)
+            sums = dict(zip(share, found, strict=True))
+    return digest, entries, sums
+
+
+def _with_checksum(entry: FileEntry, sums: dict[str, str]) -> FileEntry:
+    if entry.type != "file" or entry.path not in sums:
+        return entry
+    return FileEntry(entry.path, "file", size=entry.size, checksum=sums[entry.path])
+
+
+def resume(
+    ckpts: CheckpointDir,
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    verify: bool = False,
+) -> Checkpoint | None:
+    """The checkpoint to resume from, chosen by rank 0 and the same on every rank.
+
+    Rank 0 scans the root (with ``verify=True``, the newest checkpoint whose
+    files match its manifest) and broadcasts its choice; the other ranks never
+    scan, so they cannot disagree. None on every rank if there is none.
+    """
+    ranks = _Ranks(_coordination_group(group, timeout), None, timeout)
+    choice: Checkpoint | None = None
+    problem: BaseException | None = None
+    if ranks.rank == 0:
+        try:
+            choice = _newest(ckpts, verify=verify)
+        except Exception as exc:
+            problem = exc
+    choice, why = ranks.broadcast((choice, _describe(problem)), "receiving rank 0's resume step")
+    if problem is not None:
+        raise problem
+    if why is not None:
+        raise DistributedCommitError(
+            f"rank 0 could not choose a checkpoint to resume from: {why}", ranks=(0,)
+        )
+    return choice
+
+
+def _newest(ckpts: CheckpointDir, *, verify: bool) -> Checkpoint | None:
+    found = ckpts.checkpoints()
+    if not verify:
+        return found[-1] if found else None
+    for ckpt in reversed(found):
+        try:
+            return ckpts.verify(ckpt.step)
+        except OSError as exc:
+            log.warning("not resuming from %s: %s", ckpt.path, exc)
+    return None
+
+
+def rank_path(
+    path: str | os.PathLike[str], rank: int | None = None, *, group: dist.ProcessGroup | None = None
+) -> Path:
+    """``dir/model.pt`` -> ``dir/model.rank<r>.pt``: the one-file-per-rank layout.
+
+    ``rank`` defaults to this process's rank in ``group``.
+    """
+    if rank is None:
+        rank = dist.get_rank(group)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+    p = Path(path)
+    return p.with_name(f"{p.stem}.rank{rank}{p.suffix}")
+
+
+def load_dcp(
+    state: dict[str, Any],
+    checkpoint: Checkpoint | str | os.PathLike[str],
+    *,
+    process_group: dist.ProcessGroup | None = None,
+) -> None:
+    """Load a torch DCP checkpoint (saved with ``dcp.save(state, checkpoint_id=path)``
+    inside :func:`distributed_commit`) into ``state``, in place, on every rank."""
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
+    load(state, checkpoint_id=path, process_group=process_group)

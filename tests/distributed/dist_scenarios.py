@@ -1,0 +1,226 @@
+"""What each rank does in the distributed tests; runs in a child process (see conftest).
+
+Each scenario is ``fn(ctx) -> data`` (JSON-serializable); ``main`` sets up the
+gloo process group, runs it, and writes ``{"error", "message", "elapsed",
+"data"}`` to ``<out>/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from atomic_ckpt import CheckpointDir, RetentionPolicy, _fs
+from atomic_ckpt.distributed import distributed_commit, load_dcp, rank_path, resume
+
+TIMEOUT = 4.0
+"""The commit timeout of the failure scenarios: short, to keep the suite fast."""
+
+
+@dataclass
+class Ctx:
+    rank: int
+    world: int
+    ckpts: CheckpointDir
+    out: Path
+    params: dict[str, Any]
+
+
+SCENARIOS: dict[str, Callable[[Ctx], Any]] = {}
+
+
+def scenario(fn: Callable[[Ctx], Any]) -> Callable[[Ctx], Any]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def main(
+    name: str, rank: int, world: int, paths: tuple[str, str, str], params: dict[str, Any]
+) -> None:
+    """Run scenario ``name`` as ``rank``; ``paths`` are (init file, checkpoint root, out dir)."""
+    init, root, out = paths
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=30),
+    )
+    ctx = Ctx(rank, world, CheckpointDir(root), Path(out), params)
+    report: dict[str, Any] = {"error": None, "message": "", "data": None}
+    start = time.monotonic()
+    try:
+        report["data"] = SCENARIOS[name](ctx)
+    except Exception as exc:
+        report["error"] = type(exc).__name__
+        report["message"] = str(exc) + "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))
+    report["elapsed"] = time.monotonic() - start
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(report))
+    if report["error"] is None:
+        dist.destroy_process_group()
+    # After a failed commit the group may be broken: leave without collectives.
+    os._exit(0)
+
+
+def payload(rank: int, step: int, size: int = 1000) -> bytes:
+    return bytes([(rank * 31 + step) % 251]) * size
+
+
+def write_shard(ctx: Ctx, path: Path, step: int) -> None:
+    rank_path(path / "shard.bin").write_bytes(payload(ctx.rank, step))
+
+
+def kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@scenario
+def commit(ctx: Ctx) -> Any:
+    step = ctx.params.get("step", 1)
+    with distributed_commit(ctx.ckpts, step, metadata={"loss": 0.5}) as path:
+        write_shard(ctx, path, step)
+        (path / f"sub{ctx.rank}").mkdir()
+        (path / f"sub{ctx.rank}" / "extra.bin").write_bytes(payload(ctx.rank, step, 10))
+        staging = path.name
+    # After the commit every rank sees it (a barrier followed the promotion).
+    got = ctx.ckpts.get(step)
+    return {"staging": staging, "visible": got.path.name}
+
+
+@scenario
+def replace(ctx: Ctx) -> Any:
+    for round_ in range(2):
+        with distributed_commit(ctx.ckpts, 5, metadata={"round": round_}) as path:
+            rank_path(path / "shard.bin").write_bytes(payload(ctx.rank, round_))
+    return None
+
+
+@scenario
+def rank_raises(ctx: Ctx) -> Any:
+    victim = ctx.params["victim"]
+    with distributed_commit(ctx.ckpts, 2, timeout=TIMEOUT) as path:
+        write_shard(ctx, path, 2)
+        if ctx.rank == victim:
+            raise ValueError(f"disk full on purpose (rank {ctx.rank})")
+    return None
+
+
+@scenario
+def rank_killed(ctx: Ctx) -> Any:
+    victim = ctx.params["victim"]
+    with distributed_commit(ctx.ckpts, 2, timeout=TIMEOUT) as path:
+        if ctx.rank == victim:
+            rank_path(path / "shard.bin").write_bytes(b"half a shard")
+            (ctx.out / "killed").write_text(path.name)
+            kill_self()
+        write_shard(ctx, path, 2)
+    return None
+
+
+@scenario
+def rank_hangs(ctx: Ctx) -> Any:
+    victim = ctx.params["victim"]
+    with distributed_commit(ctx.ckpts, 2, timeout=TIMEOUT) as path:
+        write_shard(ctx, path, 2)
+        if ctx.rank == victim:
+            time.sleep(3 * TIMEOUT)
+    return None
+
+
+@scenario
+def rank0_killed_before_rename(ctx: Ctx) -> Any:
+    if ctx.rank == 0:
+
+        def die(src: Path, dst: Path) -> None:
+            # The marker must already be in place: record it, then die.
+            (ctx.out / "fired").write_text(
+                json.dumps([src.name, (src / "checkpoint_complete").is_file()])
+            )
+            kill_self()
+
+        _fs.rename_noreplace = die  # type: ignore[assignment]
+        _fs.rename_exchange = die  # type: ignore[assignment]
+    with distributed_commit(ctx.ckpts, ctx.params["step"], timeout=TIMEOUT) as path:
+        write_shard(ctx, path, 3)
+    return None
+
+
+@scenario
+def resume_agreement(ctx: Ctx) -> Any:
+    for step in (1, 2, 3):
+        with distributed_commit(ctx.ckpts, step) as path:
+            write_shard(ctx, path, step)
+    if ctx.rank == 0 and ctx.params.get("corrupt_latest"):
+        victim = ctx.ckpts.path_of(3) / "shard.rank1.bin"
+        victim.write_bytes(b"x" * len(victim.read_bytes()))
+    if ctx.rank != 0:
+        # Ranks other than 0 must never scan: make it fail loudly if they do.
+        def no_scan(*_a: Any, **_k: Any) -> Any:
+            raise AssertionError("a rank other than 0 scanned the root")
+
+        ctx.ckpts.checkpoints = no_scan  # type: ignore[method-assign]
+        ctx.ckpts.latest = no_scan  # type: ignore[method-assign]
+        # A newer complete checkpoint only this rank could see must not matter.
+    ckpt = resume(ctx.ckpts, verify=bool(ctx.params.get("corrupt_latest")))
+    assert ckpt is not None
+    mine = rank_path(ckpt.path / "shard.bin").read_bytes()
+    return {"step": ckpt.step, "own_shard_ok": mine == payload(ctx.rank, ckpt.step)}
+
+
+@scenario
+def resume_empty(ctx: Ctx) -> Any:
+    return {"none": resume(ctx.ckpts) is None}
+
+
+@scenario
+def dcp_roundtrip(ctx: Ctx) -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    gen = torch.Generator().manual_seed(1234)
+    shared = torch.randn(64, 8, generator=gen)  # identical on every rank: replicated
+    own = torch.randn(100, generator=torch.Generator().manual_seed(ctx.rank)) * 1e-3
+    # A key on every rank is replicated (written once); own<r> exists on rank r only.
+    state = {"shared": shared.clone(), f"own{ctx.rank}": own.clone(), "half": shared.half()}
+    with distributed_commit(ctx.ckpts, 7) as path:
+        dcp.save(state, checkpoint_id=path)
+    ckpt = resume(ctx.ckpts)
+    assert ckpt is not None
+    assert ckpt.step == 7
+    target = {
+        "shared": torch.zeros_like(shared),
+        f"own{ctx.rank}": torch.zeros_like(own),
+        "half": torch.zeros_like(shared.half()),
+    }
+    load_dcp(target, ckpt)
+    exact = (
+        torch.equal(target["shared"], shared)
+        and torch.equal(target[f"own{ctx.rank}"], own)
+        and torch.equal(target["half"], shared.half())
+    )
+    return {"exact": exact, "files": sorted(e.path for e in ckpt.manifest.files)}
+
+
+@scenario
+def retain(ctx: Ctx) -> Any:
+    if ctx.rank != 0:
+
+        def no_delete(*_a: Any, **_k: Any) -> Any:
+            raise AssertionError("a rank other than 0 deleted a checkpoint")
+
+        ctx.ckpts._delete = no_delete  # type: ignore[method-assign]
+    policy = RetentionPolicy(keep_last=2, metric="loss")
+    losses = {1: 0.9, 2: 0.1, 3: 0.5, 4: 0.7, 5: 0.6}
+    for step, loss in losses.items():
+        with distributed_commit(ctx.ckpts, step, metadata={"loss": loss}, retain=policy) as path:
+            write_shard(ctx, path, step)
+    return None
