@@ -1,0 +1,88 @@
+"""The process the kill tests kill: commits a seeded plan and reports each commit that returned.
+
+Usage::
+
+    python _crash_child.py ROOT --seed S --steps 1,2,1,3 [--single] [--fallback]
+                           [--record | --kill-at N --kill-when before|after]
+
+It writes one line per fact to stdout (a pipe; each line is one ``write``, so a
+line is either there whole or not at all when the process is killed):
+
+* ``ready``: imports done, about to commit;
+* ``event N NAME PATH``: (``--record``) the Nth hooked call;
+* ``returned N``: (``--record``) the Nth hooked call returned (did not raise);
+* ``hook N NAME WHEN``: the kill hook fired at the Nth hooked call; it dies next;
+* ``ok I``: the commit of save I returned;
+* ``done``: the whole plan was committed.
+
+``--kill-at N`` sends itself SIGKILL just before (or after) the Nth call of a
+hooked atomic_ckpt._fs function or of one of the save's file writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from _real_support import Event, FsHook, commit_save, forced_fallback, new_dir, plan_of
+
+
+def say(line: str) -> None:
+    os.write(1, (line + "\n").encode())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--steps", required=True)
+    parser.add_argument("--single", action="store_true", help="one file per save, no threads")
+    parser.add_argument("--fallback", action="store_true", help="replace without EXCHANGE")
+    parser.add_argument("--record", action="store_true")
+    parser.add_argument("--kill-at", type=int, default=0)
+    parser.add_argument("--kill-when", choices=("before", "after"), default="before")
+    args = parser.parse_args()
+
+    def kill(event: Event, when: str) -> None:
+        if event.index == args.kill_at and when == args.kill_when:
+            say(f"hook {event.index} {event.name} {when}")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before(event: Event) -> None:
+        if args.record:
+            say(f"event {event.index} {event.name} {event.path}")
+        kill(event, "before")
+
+    def after(event: Event) -> None:
+        if args.record:
+            say(f"returned {event.index}")
+        kill(event, "after")
+
+    hook = FsHook(before=before, after=after)
+    plan = plan_of([int(s) for s in args.steps.split(",")])
+    ckpts = new_dir(args.root, single=args.single)
+    with contextlib.ExitStack() as stack:
+        if args.fallback:
+            stack.enter_context(forced_fallback())
+        if args.record or args.kill_at:
+            stack.enter_context(hook.installed())
+        say("ready")
+        for save in plan:
+            commit_save(
+                ckpts,
+                args.seed,
+                save,
+                single=args.single,
+                hook=hook if (args.record or args.kill_at) else None,
+            )
+            say(f"ok {save.index}")
+    say("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
