@@ -347,6 +347,21 @@ class CheckpointDir:
                     ) from exc
         # 7. Remove the old copy, if any (it sits under a name the scanner ignores).
         if old is not None:
+            if p.fsync_root and _is_aside(old):
+                # A .tmp-old- copy whose removal is lost in a power loss would
+                # come back restorable (see _retire_asides): unmark it durably.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old / MARKER)
+                try:
+                    _fs.fsync_dir(old)
+                except OSError as exc:
+                    raise NotDurableError(
+                        f"checkpoint {final} was promoted and is visible, but fsync of the "
+                        f"old copy {old} failed ({exc}): after a power loss clean() might "
+                        "restore that older copy. Check the disk, then commit this step again",
+                        path=final,
+                        step=step,
+                    ) from exc
             try:
                 _fs.remove_tree(old)
             except OSError as exc:
@@ -378,6 +393,7 @@ class CheckpointDir:
             return None
         # The fallback: move the old copy aside under a .tmp-old- name (which
         # clean() restores if we crash before the next rename), then promote.
+        self._retire_asides(final.name)
         token = parse_tmp(staging.name)
         assert token is not None
         aside = self._root / tmp_name(final.name, token.token, TAG_OLD)
@@ -388,6 +404,25 @@ class CheckpointDir:
             _fs.rename(aside, final)
             raise
         return aside
+
+    def _retire_asides(self, name: str) -> None:
+        """Durably rename older ``name.tmp-old-*`` copies to ``.tmp-del-`` names.
+
+        An earlier fallback replace leaves its old copy aside until step 7
+        removes it, and that removal is not fsynced: after a power loss (or a
+        kill) it can still be there, complete. If this replace then crashes in
+        its window, two restorable copies would compete and clean() could bring
+        back the older one. Call under the root lock, while ``name`` exists.
+        """
+        stale = [t for t in map(parse_tmp, os.listdir(self._root)) if t is not None]
+        stale = [t for t in stale if t.tag == TAG_OLD and not t.is_lock and t.name == name]
+        for t in stale:
+            _fs.rename(
+                self._root / tmp_name(name, t.token, TAG_OLD),
+                self._root / tmp_name(name, t.token, TAG_DELETE),
+            )
+        if stale and self._protocol.fsync_root:
+            _fs.fsync_dir(self._root)
 
     def _write_marker(self, directory: Path, manifest: Manifest) -> None:
         p = self._protocol
@@ -502,6 +537,8 @@ class CheckpointDir:
                     removed.append(lock_path)
             finally:
                 self._drop_lock(lock)
+        if self._protocol.fsync_root and any(_is_aside(p) for p in removed):
+            _fs.fsync_dir(self._root)  # removed old copies stay removed (see _retire_asides)
         return removed
 
     def prune(self, *, keep_last: int) -> list[Path]:
@@ -769,6 +806,12 @@ class CheckpointDir:
                     restored = True
         if restored and self._protocol.fsync_root:
             _fs.fsync_dir(self._root)
+
+
+def _is_aside(path: Path) -> bool:
+    """Is ``path`` an old copy moved aside by the fallback replace (``N.tmp-old-…``)?"""
+    tmp = parse_tmp(path.name)
+    return tmp is not None and tmp.tag == TAG_OLD and not tmp.is_lock
 
 
 def _is_marker_name(name: str) -> bool:
