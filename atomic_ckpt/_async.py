@@ -28,7 +28,7 @@ from ._retention import RetentionPolicy
 
 log = logging.getLogger("atomic_ckpt")
 
-STATE_FILE = "state.pt"
+ASYNC_STATE_FILE = "state.pt"
 """Where the default writer (``torch.save``) puts a state handed to :meth:`AsyncCommitter.save`."""
 
 Writer = Callable[[Any, Path], None]
@@ -76,7 +76,7 @@ def torch_save(state: Any, directory: Path) -> None:
     """The default writer: ``torch.save(state, directory / "state.pt")``."""
     import torch
 
-    torch.save(state, directory / STATE_FILE)
+    torch.save(state, directory / ASYNC_STATE_FILE)
 
 
 class AsyncCommitter:

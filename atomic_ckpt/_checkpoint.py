@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import operator
 import os
 import stat
 import time
@@ -98,10 +99,15 @@ class _Stage:
     files: list[FileEntry] | None = None
 
 
-def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int):
+def _check_step(raw: object) -> int:
+    # Any integer type (numpy, torch) is accepted through __index__; bool is not.
+    try:
+        step = operator.index(raw)  # type: ignore[arg-type]
+    except TypeError:
+        step = None
+    if isinstance(raw, bool) or step is None:
         raise InvalidStepError(
-            f"step must be a non-negative int, got {type(step).__name__} {step!r}", step=None
+            f"step must be a non-negative int, got {type(raw).__name__} {raw!r}", step=None
         )
     if step < 0:
         raise InvalidStepError(f"step must be non-negative, got {step}", step=step)
@@ -345,23 +351,9 @@ class CheckpointDir:
                         path=final,
                         step=step,
                     ) from exc
-        # 7. Remove the old copy, if any (it sits under a name the scanner ignores).
+        # 7. Remove the old copy, if any (it sits under a name the scanner ignores;
+        #    clean() never restores it, since its staging dir is gone).
         if old is not None:
-            if p.fsync_root and _is_aside(old):
-                # A .tmp-old- copy whose removal is lost in a power loss would
-                # come back restorable (see _retire_asides): unmark it durably.
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(old / MARKER)
-                try:
-                    _fs.fsync_dir(old)
-                except OSError as exc:
-                    raise NotDurableError(
-                        f"checkpoint {final} was promoted and is visible, but fsync of the "
-                        f"old copy {old} failed ({exc}): after a power loss clean() might "
-                        "restore that older copy. Check the disk, then commit this step again",
-                        path=final,
-                        step=step,
-                    ) from exc
             try:
                 _fs.remove_tree(old)
             except OSError as exc:
@@ -391,38 +383,31 @@ class CheckpointDir:
             _fs.remove_tree(final)
             _fs.rename(staging, final)
             return None
-        # The fallback: move the old copy aside under a .tmp-old- name (which
-        # clean() restores if we crash before the next rename), then promote.
-        self._retire_asides(final.name)
+        # The fallback: move the old copy aside under a .tmp-old- name, then
+        # promote. Between the two renames there is no N/; a crash there leaves
+        # the aside copy *and* this staging dir, which is how clean() knows to
+        # rename the old copy back (see _is_restorable).
         token = parse_tmp(staging.name)
         assert token is not None
         aside = self._root / tmp_name(final.name, token.token, TAG_OLD)
+        if self._protocol.fsync_root:
+            # The staging dir's entry must be durable before the old copy moves:
+            # without it, a power loss could keep the move and lose the staging
+            # dir, and the old copy would not be recognized as restorable.
+            _fs.fsync_dir(self._root)
         _fs.rename(final, aside)
         try:
             _fs.rename_noreplace(staging, final)
-        except BaseException:
-            _fs.rename(aside, final)
+        except BaseException as exc:
+            try:
+                _fs.rename(aside, final)
+            except OSError as undo:
+                exc.add_note(
+                    f"atomic_ckpt: moving the old copy back to {final} also failed ({undo!r}); "
+                    f"it is intact at {aside}, and clean() renames it back"
+                )
             raise
         return aside
-
-    def _retire_asides(self, name: str) -> None:
-        """Durably rename older ``name.tmp-old-*`` copies to ``.tmp-del-`` names.
-
-        An earlier fallback replace leaves its old copy aside until step 7
-        removes it, and that removal is not fsynced: after a power loss (or a
-        kill) it can still be there, complete. If this replace then crashes in
-        its window, two restorable copies would compete and clean() could bring
-        back the older one. Call under the root lock, while ``name`` exists.
-        """
-        stale = [t for t in map(parse_tmp, os.listdir(self._root)) if t is not None]
-        stale = [t for t in stale if t.tag == TAG_OLD and not t.is_lock and t.name == name]
-        for t in stale:
-            _fs.rename(
-                self._root / tmp_name(name, t.token, TAG_OLD),
-                self._root / tmp_name(name, t.token, TAG_DELETE),
-            )
-        if stale and self._protocol.fsync_root:
-            _fs.fsync_dir(self._root)
 
     def _write_marker(self, directory: Path, manifest: Manifest) -> None:
         p = self._protocol
@@ -501,45 +486,51 @@ class CheckpointDir:
         """
         if not self._root.is_dir():
             return []
-        # A dry run only reads: it takes no lock of its own, so it works on a
-        # read-only root, and may list a save that finishes meanwhile.
-        with contextlib.nullcontext() if dry_run else self._root_lock():
-            return self._clean_locked(dry_run)
-
-    def _clean_locked(self, dry_run: bool) -> list[Path]:
+        if dry_run:
+            # Only reads: takes no lock of its own, so it works on a read-only
+            # root (and may list a save that finishes meanwhile).
+            return [path for path, _ in self._orphans(dry_run=True)]
+        # Claim the orphans (their token locks) under the root lock, then delete
+        # them outside it, so a slow deletion never stalls a commit's promotion.
+        with self._root_lock():
+            orphans = self._orphans(dry_run=False)
         removed: list[Path] = []
+        try:
+            for path, lock in orphans:
+                if lock is None or Path(lock.lock_file) != path:
+                    _fs.remove_tree(path)
+                removed.append(path)
+        finally:
+            for lock in {id(lock): lock for _, lock in orphans if lock is not None}.values():
+                self._drop_lock(lock)
+        return removed
+
+    def _orphans(self, *, dry_run: bool) -> list[tuple[Path, FileLock | None]]:
+        """Entries left by dead writers, each with its claimed token lock (call under the root
+        lock unless ``dry_run``). Restores the fallback's interrupted replaces first."""
         self._restore_asides(dry_run=dry_run)
         groups: dict[str, list[Path]] = {}
         for name in sorted(os.listdir(self._root)):
             tmp = parse_tmp(name)
             if tmp is not None:
                 groups.setdefault(tmp.token, []).append(self._root / name)
+        found: list[tuple[Path, FileLock | None]] = []
         for token, paths in groups.items():
             tmp = parse_tmp(paths[0].name)
             assert tmp is not None
             lock_path = self._root / lock_name(tmp.name, token)
             had_lock = lock_path.exists()
             if dry_run:
-                if self._is_held(lock_path):
-                    continue
-                removed += [p for p in paths if p != lock_path and not self._is_restorable(p)]
-                removed += [lock_path] if had_lock else []
+                if not self._is_held(lock_path):
+                    found += [(p, None) for p in paths if not self._is_restorable(p)]
                 continue
             lock = self._try_lock(lock_path)
             if lock is None:
                 continue  # a live writer holds it
-            try:
-                for path in paths:
-                    if path != lock_path:
-                        removed.append(path)
-                        _fs.remove_tree(path)
-                if had_lock:
-                    removed.append(lock_path)
-            finally:
-                self._drop_lock(lock)
-        if self._protocol.fsync_root and any(_is_aside(p) for p in removed):
-            _fs.fsync_dir(self._root)  # removed old copies stay removed (see _retire_asides)
-        return removed
+            found += [(p, lock) for p in paths if p != lock_path]
+            if had_lock:
+                found.append((lock_path, lock))
+        return found
 
     def prune(self, *, keep_last: int) -> list[Path]:
         """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
@@ -685,7 +676,17 @@ class CheckpointDir:
             )
 
     def _discard(self, staging: Path, exc: BaseException) -> None:
-        """Remove a failed commit's staging dir; attach (never swallow) a cleanup failure."""
+        """Remove a failed commit's staging dir; attach (never swallow) a cleanup failure.
+
+        Except when a fallback replace failed to move its old copy back: then the
+        staging dir is what tells clean() that the old copy must be restored.
+        """
+        tmp = parse_tmp(staging.name)
+        assert tmp is not None
+        if (self._root / tmp_name(tmp.name, tmp.token, TAG_OLD)).is_dir() and not os.path.lexists(
+            self._root / tmp.name
+        ):
+            return
         try:
             _fs.remove_tree(staging)
         except OSError as cleanup:
@@ -768,12 +769,20 @@ class CheckpointDir:
         return lock
 
     def _is_restorable(self, path: Path) -> bool:
-        """Is ``path`` a fallback replace's complete old copy whose step is now missing?"""
+        """Is ``path`` the old copy of a fallback replace that crashed in its window?
+
+        That is: a complete ``N.tmp-old-<t>`` copy, no ``N/``, no live writer,
+        and the same writer's staging dir ``N.tmp-<t>`` still there. Once the
+        staging dir has been renamed to ``N/`` its old copy is garbage, even if
+        ``N/`` is later pruned: it must never come back.
+        """
         tmp = parse_tmp(path.name)
         if tmp is None or tmp.tag != TAG_OLD or parse_step(self._prefix, tmp.name) is None:
             return False
-        if os.path.lexists(self._root / tmp.name) or self._is_held(
-            self._root / lock_name(tmp.name, tmp.token)
+        if (
+            os.path.lexists(self._root / tmp.name)
+            or not (self._root / tmp_name(tmp.name, tmp.token)).is_dir()
+            or self._is_held(self._root / lock_name(tmp.name, tmp.token))
         ):
             return False
         try:
@@ -806,12 +815,6 @@ class CheckpointDir:
                     restored = True
         if restored and self._protocol.fsync_root:
             _fs.fsync_dir(self._root)
-
-
-def _is_aside(path: Path) -> bool:
-    """Is ``path`` an old copy moved aside by the fallback replace (``N.tmp-old-…``)?"""
-    tmp = parse_tmp(path.name)
-    return tmp is not None and tmp.tag == TAG_OLD and not tmp.is_lock
 
 
 def _is_marker_name(name: str) -> bool:

@@ -68,7 +68,7 @@ def child_main(root: str, steps: int, stop_at: int) -> None:
     """The training process: commit every step; pause mid-save at ``stop_at``."""
     from safetensors.torch import save_model
 
-    from .torch import write_state
+    from .torch import MODEL_FILE, write_state
 
     ckpts = CheckpointDir(root)
     model, opt, sched = _build(0)
@@ -76,7 +76,7 @@ def child_main(root: str, steps: int, stop_at: int) -> None:
         loss = _train_step(model, opt, sched, step)
         with ckpts.commit(step, metadata={"loss": loss}) as path:
             if step == stop_at:
-                save_model(model, str(path / "model.safetensors"))
+                save_model(model, str(path / MODEL_FILE))
                 print(f"{_MIDSAVE} {step} {path.name}", flush=True)
                 time.sleep(120)  # the parent kills us here
             write_state(path, step=step, model=model, optimizer=opt, scheduler=sched)

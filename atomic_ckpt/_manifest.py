@@ -112,11 +112,16 @@ class Manifest:
         return cls(
             step=step,
             files=tuple(_parse_entry(e) for e in raw_files),
-            created=float(created) if isinstance(created, int | float) else None,
+            created=float(created) if _is_time(created) else None,  # type: ignore[arg-type]
             library_version=_opt_str(doc.get("library_version")),
             checksum=_opt_str(doc.get("checksum")),
             metadata=metadata,
         )
+
+
+def _is_time(value: object) -> bool:
+    """A plausible POSIX timestamp (an untrusted manifest may hold anything)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
 
 
 def _opt_str(value: object) -> str | None:

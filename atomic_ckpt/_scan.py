@@ -51,7 +51,11 @@ def read_marker(directory: Path) -> Manifest | None:
     marker = directory / MARKER
     try:
         fd = os.open(
-            marker, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+            marker,
+            os.O_RDONLY
+            | os.O_NONBLOCK
+            | getattr(os, "O_NOFOLLOW", 0)
+            | getattr(os, "O_CLOEXEC", 0),
         )
     except FileNotFoundError:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import multiprocessing as mp
 import os
@@ -347,3 +348,48 @@ def test_interrupted_prune_never_leaves_a_complete_looking_dir(ckpts: Checkpoint
     assert len(removed) == 2  # both moved-aside victims
     assert set(os.listdir(ckpts.root)) == {"3", ROOT_LOCK}
     ckpts.verify(3)
+
+
+def test_clean_deletes_orphans_without_holding_the_root_lock(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """clean() claims orphans under the root lock but deletes them outside it, so commits go on."""
+    with ckpts.commit(1) as path:
+        (path / "f").write_bytes(b"1")
+    orphan = ckpts.root / f"2{TMP_INFIX}{'ab' * 16}"
+    orphan.mkdir()
+    (orphan / "big").write_bytes(b"x" * 1000)
+    real_remove = _fs.remove_tree
+    free_during_removal: list[bool] = []
+
+    def remove_and_probe(path: Path) -> None:
+        if path == orphan:
+            probe = CheckpointDir(ckpts.root, lock_timeout=0)
+            with probe._root_lock():  # raises CheckpointTimeoutError if clean() still held it
+                free_during_removal.append(True)
+        real_remove(path)
+
+    monkeypatch.setattr(_fs, "remove_tree", remove_and_probe)
+    assert ckpts.clean() == [orphan]
+    assert free_during_removal == [True]
+    assert not orphan.exists()
+
+
+def test_a_pruned_step_never_comes_back_after_a_fallback_replace(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An old copy left beside a finished fallback replace is garbage, even once its step is pruned."""
+    monkeypatch.setattr(ckpts, "_protocol", dataclasses.replace(ckpts._protocol, replace="aside"))
+    for step, payload in [(5, b"v1"), (5, b"v2"), (6, b"6"), (7, b"7")]:
+        with ckpts.commit(step) as path:
+            (path / "f").write_bytes(payload)
+    # As if the writer of the second save of 5 died before removing its old copy (step 7).
+    old_copy = ckpts.root / f"5{TMP_INFIX}old-{'cd' * 16}"
+    shutil.copytree(ckpts.root / "5", old_copy)
+    (old_copy / "f").write_bytes(b"v1")
+    assert ckpts.prune(keep_last=2) == [ckpts.root / "5"]
+    with ckpts.commit(8) as path:
+        (path / "f").write_bytes(b"8")
+    ckpts.clean()
+    assert ckpts.steps() == [6, 7, 8]
+    assert not old_copy.exists()

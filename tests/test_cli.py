@@ -162,3 +162,14 @@ def test_demo_survives_a_kill_mid_save(tmp_path: Path) -> None:
     assert "SIGKILL sent" in proc.stdout
     assert "bit-identical" in proc.stdout
     assert CheckpointDir(tmp_path / "demo" / "checkpoints").steps() == [1, 2, 3, 4, 5]
+
+
+def test_ls_survives_a_hostile_manifest_timestamp(ckpts: CheckpointDir, capsys) -> None:
+    """A manifest whose creation time is absurd (1e300) is listed, never a traceback."""
+    _commit(ckpts, 1)
+    marker = ckpts.root / "1" / "checkpoint_complete"
+    doc = json.loads(marker.read_text())
+    doc["created"] = 1e300
+    marker.write_text(json.dumps(doc))
+    assert main(["ls", str(ckpts.root)]) == 0
+    assert "complete" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import multiprocessing as mp
 import os
@@ -549,3 +550,51 @@ def test_root_lock_timeout_is_a_timeout_error(committed: CheckpointDir) -> None:
         assert isinstance(info.value, CheckpointTimeoutError)
         assert info.value.path == ckpts.root
     assert_untouched(ckpts)
+
+
+def test_numpy_and_torch_integer_steps_are_accepted(ckpts: CheckpointDir) -> None:
+    """Steps from training loops (numpy or torch integers) commit like ints; bool never does."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    for raw in (np.int64(3), torch.tensor(4)):
+        with ckpts.commit(raw) as path:
+            (path / "f").write_text("x")
+    assert ckpts.steps() == [3, 4]
+    with pytest.raises(InvalidStepError):
+        ckpts.commit(np.bool_(True)).__enter__()
+
+
+def test_failed_rollback_of_the_fallback_keeps_the_original_error(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If moving the old copy back also fails, the promote error is raised with a note."""
+    with ckpts.commit(5) as path:
+        (path / "f").write_text("old")
+    monkeypatch.setattr(ckpts, "_protocol", dataclasses.replace(ckpts._protocol, replace="aside"))
+    hits: list[str] = []
+    real_rename = _fs.rename
+
+    real_noreplace = _fs.rename_noreplace
+
+    def rename_noreplace(src: Path, dst: Path) -> None:
+        if dst.exists():
+            real_noreplace(src, dst)  # the first try, for a new step: FileExistsError
+        hits.append("promote")
+        raise OSError(errno.ENOSPC, "injected", str(src))
+
+    def rename(src: Path, dst: Path) -> None:
+        if dst == ckpts.root / "5":
+            hits.append("undo")
+            raise OSError(errno.EIO, "injected undo", str(src))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(_fs, "rename_noreplace", rename_noreplace)
+    monkeypatch.setattr(_fs, "rename", rename)
+    with pytest.raises(OSError, match="injected") as info, ckpts.commit(5) as path:
+        (path / "f").write_text("new")
+    assert hits == ["promote", "undo"]
+    assert info.value.errno == errno.ENOSPC
+    assert any("clean() renames it back" in n for n in info.value.__notes__)
+    monkeypatch.undo()
+    ckpts.clean()
+    assert (ckpts.root / "5" / "f").read_text() == "old"

@@ -385,3 +385,12 @@ def test_mark_complete_on_a_missing_root_creates_nothing(tmp_path: Path) -> None
     with pytest.raises(CheckpointNotFoundError):
         ckpts.mark_complete(1)
     assert not ckpts.root.exists()
+
+
+def test_marker_that_is_a_fifo_does_not_hang_the_scanner(ckpts: CheckpointDir) -> None:
+    """A FIFO planted as the marker makes the step incomplete; the scan does not block on it."""
+    commit(ckpts, 1)
+    trap = unmarked(ckpts.root, "2")
+    os.mkfifo(trap / MARKER)
+    assert ckpts.steps() == [1]  # would block forever if the marker were opened blocking
+    assert ckpts.latest() is not None

@@ -134,7 +134,6 @@ def test_fault_at_every_call_of_a_commit(
         if fault.fired.name in FSYNCS:
             same = [e for e in hook.events if e.name in FSYNCS and e.path == fault.fired.path]
             assert all(e.index <= n for e in same), f"{where}: fsync retried: {same}"
-            assert max(Counter(e.name for e in same).values()) == 1, f"{where}: {same}"
         new_dir(root).clean()
         assert leftovers(root) == [], f"{where}: clean() left {leftovers(root)}"
         assert check_root(root, SEED, plan, 3 if phase[n] != "before" else 2)
