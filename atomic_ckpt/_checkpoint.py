@@ -799,7 +799,9 @@ class CheckpointDir:
         such copy is a crashed one: rename it back.
         """
         restored = False
-        for name in sorted(os.listdir(self._root)):
+        old_tag = TMP_INFIX + TAG_OLD
+        # Runs at every commit: filter on the name before touching the disk.
+        for name in sorted(n for n in os.listdir(self._root) if old_tag in n):
             path = self._root / name
             if self._is_restorable(path):
                 tmp = parse_tmp(name)
