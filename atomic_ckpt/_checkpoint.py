@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
-from . import _fs
+from . import _fs, _locks
 from ._errors import (
     CheckpointNotFoundError,
     CheckpointTimeoutError,
@@ -49,7 +49,8 @@ from ._names import (
 )
 from ._retention import RetentionPolicy, read_best
 from ._scan import Checkpoint, classify, complete, read_marker
-from ._tree import CHECKSUMS, checksum_file, sync_tree
+from ._tree import CHECKSUMS, sync_tree
+from ._verify import check_entry
 from ._version import __version__
 
 log = logging.getLogger("atomic_ckpt")
@@ -121,8 +122,8 @@ class CheckpointDir:
     checkpoints". With ``prefix="checkpoint-"`` the step directories are
     ``checkpoint-N``. ``durable=False`` skips every fsync (safe against process
     crashes, not against power loss). ``checksum`` names the algorithm recorded
-    per file in the manifest (``"crc32"``, ``"sha256"``, ``"xxh3_128"`` with the
-    xxhash package) or None for sizes only. ``lock_timeout`` bounds the wait for
+    per file in the manifest (``"xxh3_128"``, the default, ``"crc32"``,
+    ``"sha256"``) or None for sizes only. ``lock_timeout`` bounds the wait for
     the root lock, in seconds (negative: wait forever).
     """
 
@@ -246,7 +247,7 @@ class CheckpointDir:
                 step=step,
             )
         for entry in m.files:
-            problem = _check_entry(ckpt.path, entry, m.checksum)
+            problem = check_entry(ckpt.path, entry, m.checksum)
             if problem is not None:
                 bad = ckpt.path / entry.path
                 raise VerificationError(f"{bad}: {problem}", path=bad, step=step)
@@ -502,7 +503,7 @@ class CheckpointDir:
                 removed.append(path)
         finally:
             for lock in {id(lock): lock for _, lock in orphans if lock is not None}.values():
-                self._drop_lock(lock)
+                _locks.drop(lock)
         return removed
 
     def _orphans(self, *, dry_run: bool) -> list[tuple[Path, FileLock | None]]:
@@ -521,10 +522,10 @@ class CheckpointDir:
             lock_path = self._root / lock_name(tmp.name, token)
             had_lock = lock_path.exists()
             if dry_run:
-                if not self._is_held(lock_path):
+                if not _locks.is_held(lock_path):
                     found += [(p, None) for p in paths if not self._is_restorable(p)]
                 continue
-            lock = self._try_lock(lock_path)
+            lock = _locks.try_acquire(lock_path)
             if lock is None:
                 continue  # a live writer holds it
             found += [(p, lock) for p in paths if p != lock_path]
@@ -587,16 +588,16 @@ class CheckpointDir:
             with self._root_lock():
                 for path in paths:
                     token = new_token()
-                    lock = self._new_lock(self._root / lock_name(path.name, token), timeout=0)
+                    lock = _locks.new(self._root / lock_name(path.name, token), timeout=0)
                     lock.acquire()
                     aside = self._root / tmp_name(path.name, token, TAG_DELETE)
                     try:
                         _fs.rename(path, aside)
                     except FileNotFoundError:
-                        self._drop_lock(lock)
+                        _locks.drop(lock)
                         continue
                     except BaseException:
-                        self._drop_lock(lock)  # nothing was moved: leave no lock file behind
+                        _locks.drop(lock)  # nothing was moved: leave no lock file behind
                         raise
                     moved.append((path, aside, lock))
                 if self._protocol.fsync_root:
@@ -605,7 +606,7 @@ class CheckpointDir:
                 _fs.remove_tree(aside)
         finally:
             for _, _, lock in moved:
-                self._drop_lock(lock)
+                _locks.drop(lock)
         return [path for path, _, _ in moved]
 
     # ------------------------------------------------------------------ helpers
@@ -692,23 +693,10 @@ class CheckpointDir:
         except OSError as cleanup:
             exc.add_note(f"atomic_ckpt: removing {staging} also failed: {cleanup!r}")
 
-    def _new_lock(self, path: Path, timeout: float) -> FileLock:
-        # A fresh FileLock per acquisition: each holds its own descriptor, so
-        # threads of one process exclude each other as processes do.
-        return FileLock(path, timeout=timeout, thread_local=False)
-
-    def _drop_lock(self, lock: FileLock) -> None:
-        """Release a per-token lock and remove its file (unlinked while still held)."""
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock.lock_file)
-        finally:
-            lock.release()  # even if the unlink failed (EIO, EROFS): never leak the lock
-
     @contextlib.contextmanager
     def _root_lock(self) -> Iterator[None]:
         self._ensure_root()
-        lock = self._new_lock(self._root / ROOT_LOCK, self._lock_timeout)
+        lock = _locks.new(self._root / ROOT_LOCK, self._lock_timeout)
         try:
             lock.acquire()
         except Timeout:
@@ -729,7 +717,7 @@ class CheckpointDir:
         # Taken under the root lock and before the staging dir exists, so
         # clean() (which holds the root lock) never sees a live save unlocked.
         with self._root_lock():
-            lock = self._new_lock(self._root / lock_name(name, token), timeout=0)
+            lock = _locks.new(self._root / lock_name(name, token), timeout=0)
             try:
                 lock.acquire()
             except OSError as exc:
@@ -740,33 +728,11 @@ class CheckpointDir:
             # The save's (or the protocol's) error is the one to raise; a failure
             # to remove the lock file is attached to it, never raised instead.
             try:
-                self._drop_lock(lock)
+                _locks.drop(lock)
             except OSError as cleanup:
                 exc.add_note(f"atomic_ckpt: removing {lock.lock_file} also failed: {cleanup!r}")
             raise
-        self._drop_lock(lock)
-
-    def _is_held(self, path: Path) -> bool:
-        """Does a live process hold the lock file ``path``? (False if it does not exist.)"""
-        if not path.exists():
-            return False
-        try:
-            lock = self._try_lock(path)
-        except OSError:
-            return True  # cannot tell (e.g. a read-only root): assume it is live
-        if lock is None:
-            return True
-        lock.release()
-        return False
-
-    def _try_lock(self, path: Path) -> FileLock | None:
-        """Acquire ``path`` if free (creating it if missing); None if someone holds it."""
-        lock = self._new_lock(path, timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            return None
-        return lock
+        _locks.drop(lock)
 
     def _is_restorable(self, path: Path) -> bool:
         """Is ``path`` the old copy of a fallback replace that crashed in its window?
@@ -782,7 +748,7 @@ class CheckpointDir:
         if (
             os.path.lexists(self._root / tmp.name)
             or not (self._root / tmp_name(tmp.name, tmp.token)).is_dir()
-            or self._is_held(self._root / lock_name(tmp.name, tmp.token))
+            or _locks.is_held(self._root / lock_name(tmp.name, tmp.token))
         ):
             return False
         try:
@@ -830,42 +796,3 @@ def _ensure_json(metadata: dict[str, Any]) -> None:
         json.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"metadata must be JSON-serializable: {exc}") from None
-
-
-def _check_entry(top: Path, entry: FileEntry, algorithm: str | None) -> str | None:
-    """Why ``entry`` does not match what is on disk under ``top``, or None if it does."""
-    parts = entry.path.split("/")
-    current = top
-    for part in parts[:-1]:  # never follow a symlink on the way
-        current = current / part
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            return "missing (its directory is gone)"
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{part} on its path is not a directory"
-    target = top / entry.path
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return "missing"
-    if entry.type == "dir":
-        return None if stat.S_ISDIR(st.st_mode) else "should be a directory"
-    if entry.type == "symlink":
-        if not stat.S_ISLNK(st.st_mode):
-            return "should be a symlink"
-        actual = os.readlink(target)
-        return (
-            None
-            if actual == entry.target
-            else f"symlink points to {actual!r}, not {entry.target!r}"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        return "should be a regular file"
-    if st.st_size != entry.size:
-        return f"size is {st.st_size}, manifest says {entry.size}"
-    if algorithm is not None and entry.checksum is not None:
-        actual = checksum_file(target, algorithm)
-        if actual != entry.checksum:
-            return f"{algorithm} checksum is {actual}, manifest says {entry.checksum}"
-    return None

@@ -205,7 +205,7 @@ def test_file_replaced_by_a_symlink_to_an_identical_copy_fails(
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(_tree, "checksum_file", checksum_file)
-        m.setattr("atomic_ckpt._checkpoint.checksum_file", checksum_file)
+        m.setattr("atomic_ckpt._verify.checksum_file", checksum_file)
         with pytest.raises(VerificationError, match="regular file") as info:
             ckpts.verify(5)
     assert info.value.path == ckpt / "model.bin"
