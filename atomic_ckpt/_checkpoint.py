@@ -315,24 +315,10 @@ class CheckpointDir:
         #    fsync makes every entry of it durable.) A multi-rank commit passes
         #    ``files``: every rank has already done this step for what it wrote.
         if files is None:
-            files = sync_tree(
-                staging,
-                fsync_files=p.fsync_files,
-                fsync_dirs=p.fsync_dirs,
-                checksum=self._checksum,
-                skip=_is_marker_name,
-            )
+            files = self._sync_tree(staging)
         # 4. The marker: the manifest, via a temporary name, fsynced, renamed;
         #    then fsync the staging dir.
-        manifest = Manifest(
-            step=step,
-            files=tuple(files),
-            created=time.time(),
-            library_version=__version__,
-            checksum=self._checksum,
-            metadata=metadata,
-        )
-        self._write_marker(staging, manifest)
+        self._write_marker(staging, self._manifest(step, files, metadata))
         if p.fsync_staging:
             _fs.fsync_dir(staging)
         # 5. Promote, under the root lock: rename (new step) or exchange (replace).
@@ -410,6 +396,26 @@ class CheckpointDir:
             raise
         return aside
 
+    def _sync_tree(self, directory: Path) -> list[FileEntry]:
+        """Step 3 on ``directory`` (as far as the protocol says): fsync its files and subdirs."""
+        return sync_tree(
+            directory,
+            fsync_files=self._protocol.fsync_files,
+            fsync_dirs=self._protocol.fsync_dirs,
+            checksum=self._checksum,
+            skip=_is_marker_name,
+        )
+
+    def _manifest(self, step: int, files: list[FileEntry], metadata: Mapping[str, Any]) -> Manifest:
+        return Manifest(
+            step=step,
+            files=tuple(files),
+            created=time.time(),
+            library_version=__version__,
+            checksum=self._checksum,
+            metadata=metadata,
+        )
+
     def _write_marker(self, directory: Path, manifest: Manifest) -> None:
         p = self._protocol
         tmp = directory / (_MARKER_TMP_PREFIX + new_token()) if p.marker_via_tmp else None
@@ -449,21 +455,7 @@ class CheckpointDir:
             if existing is not None and not existing.legacy:
                 return Checkpoint(step, path, existing)
             p = self._protocol
-            files = sync_tree(
-                path,
-                fsync_files=p.fsync_files,
-                fsync_dirs=p.fsync_dirs,
-                checksum=self._checksum,
-                skip=_is_marker_name,
-            )
-            manifest = Manifest(
-                step=step,
-                files=tuple(files),
-                created=time.time(),
-                library_version=__version__,
-                checksum=self._checksum,
-                metadata={"adopted": True},
-            )
+            manifest = self._manifest(step, self._sync_tree(path), {"adopted": True})
             # No rename follows: the marker is the commit point, so the entries
             # of the directory must be durable before the marker's rename is.
             if p.fsync_staging:

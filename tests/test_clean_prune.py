@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from treeutil import contents, snapshot, write
 
 from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir, _fs
 from atomic_ckpt._names import ROOT_LOCK
@@ -25,33 +26,6 @@ CTX = mp.get_context("fork")
 OLD = {"model.bin": b"old weights", "opt/state.pt": b"old optimizer"}
 NEW = {"model.bin": b"new weights!", "opt/state.pt": b"new optimizer"}
 TOKEN = "0123456789abcdef" * 2
-
-
-def write(directory: Path, files: Mapping[str, bytes]) -> None:
-    for rel, data in files.items():
-        target = directory / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-
-
-def contents(directory: Path) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
-    for dirpath, _dirs, names in os.walk(directory):
-        for name in names:
-            if name != MARKER:
-                path = Path(dirpath, name)
-                out[path.relative_to(directory).as_posix()] = path.read_bytes()
-    return out
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
-    out: dict[str, tuple[int, int, int]] = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = Path(dirpath, name)
-            st = os.lstat(p)
-            out[p.relative_to(root).as_posix()] = (st.st_mode, st.st_size, st.st_mtime_ns)
-    return out
 
 
 def commit(ckpts: CheckpointDir, step: int, files: Mapping[str, bytes] = OLD) -> Path:
@@ -378,7 +352,7 @@ def test_clean_deletes_orphans_without_holding_the_root_lock(
 def test_a_pruned_step_never_comes_back_after_a_fallback_replace(
     ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An old copy left beside a finished fallback replace is garbage, even once its step is pruned."""
+    """The old copy left by a finished fallback replace never returns, even once it is pruned."""
     monkeypatch.setattr(ckpts, "_protocol", dataclasses.replace(ckpts._protocol, replace="aside"))
     for step, payload in [(5, b"v1"), (5, b"v2"), (6, b"6"), (7, b"7")]:
         with ckpts.commit(step) as path:

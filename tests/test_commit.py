@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from treeutil import contents, write
 
 import atomic_ckpt
 from atomic_ckpt import MARKER, CheckpointDir, __version__, _fs, _tree
@@ -23,25 +24,6 @@ from atomic_ckpt._names import ROOT_LOCK
 
 REPO = Path(__file__).resolve().parent.parent
 STAGING_RE = re.compile(r"(?P<step>[0-9]+)\.tmp-[0-9a-f]{32}")
-
-
-def write(directory: Path, files: Mapping[str, bytes]) -> None:
-    """Write ``files`` (relative path -> bytes) under ``directory``."""
-    for rel, data in files.items():
-        target = directory / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-
-
-def contents(directory: Path) -> dict[str, bytes]:
-    """Every regular file under ``directory`` except the marker, by relative path."""
-    out: dict[str, bytes] = {}
-    for dirpath, _dirs, names in os.walk(directory):
-        for name in names:
-            path = Path(dirpath, name)
-            if path.is_file() and not path.is_symlink() and name != MARKER:
-                out[path.relative_to(directory).as_posix()] = path.read_bytes()
-    return out
 
 
 def commit_files(ckpts: CheckpointDir, step: int, files: Mapping[str, bytes]) -> Path:

@@ -11,8 +11,9 @@ from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 
 import pytest
+from treeutil import contents
 
-from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir
+from atomic_ckpt import TMP_INFIX, CheckpointDir
 from atomic_ckpt._names import ROOT_LOCK
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
@@ -30,16 +31,6 @@ def expected_files(writer: str) -> dict[str, bytes]:
     }
     files["shared/model.bin"] = writer.encode() * 4096
     return files
-
-
-def contents(directory: Path) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
-    for dirpath, _dirs, names in os.walk(directory):
-        for name in names:
-            if name != MARKER:
-                path = Path(dirpath, name)
-                out[path.relative_to(directory).as_posix()] = path.read_bytes()
-    return out
 
 
 def _commit_with_barrier(root: str, step: int, writer: str, barrier: Barrier) -> None:

@@ -10,13 +10,14 @@ import pickle
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import pytest
 from filelock import FileLock
+from treeutil import contents, write
 
 import atomic_ckpt
 from atomic_ckpt import (
@@ -39,23 +40,6 @@ from atomic_ckpt import (
 from atomic_ckpt._names import ROOT_LOCK
 
 OLD = {"model.bin": b"old weights", "sub/opt.pt": b"old optimizer"}
-
-
-def write(directory: Path, files: Mapping[str, bytes]) -> None:
-    for rel, data in files.items():
-        target = directory / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-
-
-def contents(directory: Path) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
-    for dirpath, _dirs, names in os.walk(directory):
-        for name in names:
-            path = Path(dirpath, name)
-            if name != MARKER:
-                out[path.relative_to(directory).as_posix()] = path.read_bytes()
-    return out
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from treeutil import snapshot
 
 from atomic_ckpt import (
     MARKER,
@@ -40,17 +41,6 @@ def with_marker(root: Path, name: str, marker: bytes = b"") -> Path:
     path = unmarked(root, name)
     (path / MARKER).write_bytes(marker)
     return path
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
-    """Every entry under ``root`` with its mode, size and mtime, without following links."""
-    out: dict[str, tuple[int, int, int]] = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = Path(dirpath, name)
-            st = os.lstat(p)
-            out[p.relative_to(root).as_posix()] = (st.st_mode, st.st_size, st.st_mtime_ns)
-    return out
 
 
 def warnings_about(caplog: pytest.LogCaptureFixture, path: Path) -> list[str]:

@@ -1,0 +1,39 @@
+"""Helpers the test modules share for writing and reading whole directory trees."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from atomic_ckpt import MARKER
+
+
+def write(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Write ``files`` (relative path -> bytes) under ``directory``."""
+    for rel, data in files.items():
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
+def contents(directory: Path) -> dict[str, bytes]:
+    """Every regular file under ``directory`` except the marker, by relative path."""
+    out: dict[str, bytes] = {}
+    for dirpath, _dirs, names in os.walk(directory):
+        for name in names:
+            path = Path(dirpath, name)
+            if path.is_file() and not path.is_symlink() and name != MARKER:
+                out[path.relative_to(directory).as_posix()] = path.read_bytes()
+    return out
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every entry under ``root`` with its mode, size and mtime, without following links."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(dirpath, name)
+            st = os.lstat(p)
+            out[p.relative_to(root).as_posix()] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
