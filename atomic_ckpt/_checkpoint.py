@@ -431,7 +431,7 @@ class CheckpointDir:
         manifest is returned unchanged.
         """
         path = self.path_of(step)
-        if not os.path.lexists(path):  # checked before the root lock, which would create the root
+        if not os.path.lexists(path):  # (also: no root, so no root lock to take)
             raise CheckpointNotFoundError(
                 f"{path} does not exist: nothing to mark complete", path=path, step=step
             )
@@ -687,7 +687,8 @@ class CheckpointDir:
 
     @contextlib.contextmanager
     def _root_lock(self) -> Iterator[None]:
-        self._ensure_root()
+        # The root exists here: commit() creates it once, on entry; every other
+        # caller works on a root that already holds something.
         lock = _locks.new(self._root / ROOT_LOCK, self._lock_timeout)
         try:
             lock.acquire()
