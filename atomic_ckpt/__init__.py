@@ -17,15 +17,19 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 from ._async import AsyncCommitter
-from ._checkpoint import CheckpointDir, Protocol
+from ._checkpoint import CheckpointDir
+from ._commit import Commit
 from ._errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointTimeoutError,
+    CommitStateError,
+    CommitterClosedError,
     DistributedCommitError,
+    DistributedNotInitializedError,
     InvalidRootError,
     InvalidStepError,
     ManifestError,
@@ -36,16 +40,17 @@ from ._errors import (
     VerificationError,
 )
 from ._manifest import FileEntry, Manifest
-from ._names import BEST_LINK, MARKER, TMP_INFIX
+from ._names import BEST_LINK, MARKER, TMP_INFIX, parse_step
+from ._read import Checkpoint, Entry
 from ._retention import RetentionPolicy
-from ._scan import Checkpoint
+from ._sync import NoSync, SyncPolicy
 from ._version import __version__
 
 
 @contextlib.contextmanager
 def commit(
     root: str | os.PathLike[str],
-    step: int,
+    step: SupportsIndex,
     *,
     prefix: str = "",
     durable: bool = True,
@@ -71,20 +76,27 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointTimeoutError",
+    "Commit",
+    "CommitStateError",
+    "CommitterClosedError",
     "DistributedCommitError",
+    "DistributedNotInitializedError",
+    "Entry",
     "FileEntry",
     "InvalidRootError",
     "InvalidStepError",
     "Manifest",
     "ManifestError",
+    "NoSync",
     "NotDurableError",
-    "Protocol",
     "RetentionPolicy",
     "RootNotWritableError",
     "StagingLostError",
     "StepConflictError",
+    "SyncPolicy",
     "VerificationError",
     "__version__",
     "commit",
     "latest",
+    "parse_step",
 ]

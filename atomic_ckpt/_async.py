@@ -10,23 +10,61 @@ At most one commit is in flight: ``save`` first waits for the previous one
 the state in memory). A failed background commit is never silent: its error is
 raised by the next ``save``, by ``wait`` or by ``close``, whichever comes first
 (and logged when it happens).
+
+At interpreter exit a commit still in flight is finished (its thread is not a
+daemon, and the commit needs no executor that shutdown would refuse). If it
+failed and nothing raised its error, the process exits with status 1 instead
+of 0, so a job script cannot mistake a lost checkpoint for success.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import logging
+import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, SupportsIndex
 
-from ._checkpoint import CheckpointDir, _check_step, _ensure_json
+from ._checkpoint import CheckpointDir
+from ._errors import CommitterClosedError
+from ._manifest import check_metadata
 from ._retention import RetentionPolicy
+from ._root import check_step
 
-log = logging.getLogger("atomic_ckpt")
+log = logging.getLogger(__name__)
+
+_LIVE: weakref.WeakSet[AsyncCommitter] = weakref.WeakSet()
+
+
+def _unobserved_failures_at_exit() -> None:
+    """Exit with status 1 if a background commit failed and no call raised its error."""
+    failed = []
+    for committer in list(_LIVE):
+        thread = committer._thread
+        if thread is not None:
+            thread.join()
+        if committer._error is not None:
+            failed.append((committer._failed_step, committer._error))
+    if not failed:
+        return
+    for step, error in failed:
+        print(
+            f"atomic_ckpt: the background commit of step {step} failed and nothing waited "
+            f"for it (call AsyncCommitter.close() before exiting): {error!r}",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+atexit.register(_unobserved_failures_at_exit)
 
 ASYNC_STATE_FILE = "state.pt"
 """Where the default writer (``torch.save``) puts a state handed to :meth:`AsyncCommitter.save`."""
@@ -39,21 +77,37 @@ def snapshot(state: Any) -> Any:
     """A copy of ``state`` that later training steps cannot change.
 
     torch tensors are detached and copied to CPU memory (a GPU tensor is not
-    duplicated on the GPU); tensors shared within the state stay shared;
-    dicts, lists and tuples are rebuilt; anything else is ``copy.deepcopy``-ed.
-    torch is never imported here: if the caller has not imported it, the state
-    holds no tensors.
+    duplicated on the GPU). Storage is copied once per storage, and each tensor
+    is rebuilt as the same view of the copy: tensors that share memory (tied
+    weights, which ``state_dict()`` returns as separate tensor objects over one
+    storage) stay shared, so the state is written once and the tie survives a
+    load, as with ``torch.save`` of the original. Dicts, lists and tuples are
+    rebuilt; anything else is ``copy.deepcopy``-ed. torch is never imported
+    here: if the caller has not imported it, the state holds no tensors.
     """
     torch = sys.modules.get("torch")
     tensor_type = getattr(torch, "Tensor", None)
-    memo: dict[int, Any] = {}
+    storages: dict[tuple[str, int, int], Any] = {}
+    memo: dict[int, Any] = {}  # the same tensor object twice: the same copy twice
+
+    def tensor(original: Any) -> Any:
+        if id(original) in memo:
+            return memo[id(original)]
+        t = original.detach()
+        storage = t.untyped_storage()
+        key = (str(storage.device), storage.data_ptr(), storage.nbytes())
+        copied = storages.get(key)
+        if copied is None:
+            copied = storages[key] = (
+                storage.cpu() if storage.device.type != "cpu" else storage.clone()
+            )
+        out = torch.empty(0, dtype=t.dtype)  # type: ignore[union-attr]
+        memo[id(original)] = out.set_(copied, t.storage_offset(), t.size(), t.stride())
+        return memo[id(original)]
 
     def walk(obj: Any) -> Any:
         if tensor_type is not None and isinstance(obj, tensor_type):
-            key = id(obj)
-            if key not in memo:
-                memo[key] = obj.detach().to("cpu", copy=True)
-            return memo[key]
+            return tensor(obj)
         if isinstance(obj, dict):
             out = {k: walk(v) for k, v in obj.items()}
             if type(obj) is dict:
@@ -110,7 +164,9 @@ class AsyncCommitter:
         self._step: int | None = None
         self._error: BaseException | None = None
         self._closed = False
+        self._failed_step: int | None = None
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     def __repr__(self) -> str:
         return f"AsyncCommitter({self._ckpts!r}, pending={self.pending})"
@@ -123,7 +179,7 @@ class AsyncCommitter:
 
     def save(
         self,
-        step: int,
+        step: SupportsIndex,
         state: Any,
         *,
         metadata: Mapping[str, Any] | None = None,
@@ -138,12 +194,11 @@ class AsyncCommitter:
         previous commit, and raises its error if it failed (then nothing new
         is started).
         """
-        _check_step(step)
-        meta = dict(metadata or {})
-        _ensure_json(meta)
+        step = check_step(step)
+        meta = check_metadata(metadata)
         with self._lock:
             if self._closed:
-                raise RuntimeError("this AsyncCommitter is closed; make a new one")
+                raise CommitterClosedError("this AsyncCommitter is closed; make a new one")
             self._join()
             if hasattr(state, "state_dict"):
                 raise TypeError(
@@ -212,18 +267,9 @@ class AsyncCommitter:
 
     def _run(self, step: int, job: Callable[[Path], None], metadata: dict[str, Any]) -> None:
         try:
-            with self._ckpts.commit(step, metadata=metadata) as directory:
-                job(directory)
-            if self._retain is not None:
-                try:
-                    self._retain.apply(self._ckpts)
-                except BaseException as exc:
-                    exc.add_note(
-                        f"atomic_ckpt: step {step} was committed and is durable; only "
-                        "applying the retention policy failed"
-                    )
-                    raise
+            with self._ckpts.begin(step, metadata=metadata, retain=self._retain) as commit:
+                job(commit.path)
         except BaseException as exc:
             exc.add_note(f"atomic_ckpt: raised by the background commit of step {step}")
             log.error("background commit of step %d failed: %r", step, exc)
-            self._error = exc
+            self._error, self._failed_step = exc, step

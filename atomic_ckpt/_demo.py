@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import CheckpointDir
-from ._scan import scan
+from . import CheckpointDir
 
 _MIDSAVE = "MIDSAVE"
 _COMMITTED = "COMMITTED"
@@ -31,7 +30,7 @@ def _require_torch() -> None:
         import safetensors  # noqa: F401
         import torch  # noqa: F401
     except ImportError:
-        raise SystemExit(
+        raise ImportError(
             "atomic-ckpt demo needs torch and safetensors: "
             "pip install torch==2.13.0 'atomic_ckpt[torch]'"
         ) from None
@@ -95,7 +94,7 @@ def _same_as_uninterrupted(model: Any, steps: int) -> bool:
 
 
 def _show(root: Path) -> None:
-    for e in scan(root, "", include_staging=True):
+    for e in CheckpointDir(root).entries(include_staging=True):
         files = sorted(p.name for p in e.path.iterdir())
         label = {
             "complete": "complete   ",
@@ -108,14 +107,19 @@ def _show(root: Path) -> None:
 
 def run_demo(directory: str | None, *, steps: int = 8) -> int:
     """Run the demo in ``directory`` (a fresh temporary one by default)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 3:
+        raise ValueError(f"atomic-ckpt demo needs --steps of at least 3, got {steps!r}")
+    if directory is not None:
+        where = Path(directory)
+        if where.exists() and not where.is_dir():
+            raise NotADirectoryError(f"{where} is not a directory: give the demo a directory")
+        root = where / "checkpoints"
+        if root.exists() and (not root.is_dir() or any(root.iterdir())):
+            raise FileExistsError(f"{root} is not empty: give the demo a fresh directory")
     _require_torch()
-    if steps < 3:
-        raise SystemExit("atomic-ckpt demo needs --steps of at least 3")
     stop_at = steps // 2 + 1
     work = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="atomic_ckpt_demo_"))
     root = work / "checkpoints"
-    if root.exists() and any(root.iterdir()):
-        raise SystemExit(f"{root} is not empty: give the demo a fresh directory")
     print(f"atomic_ckpt demo: checkpoints go to {root}\n")
     print(f"1. A training process starts; it commits a checkpoint after each of {steps} steps.")
     print(f"   During the save of step {stop_at} we kill it with SIGKILL, as an OOM killer,")

@@ -6,6 +6,7 @@ Every error carries the path or step it is about and pickles (so it survives a
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,21 @@ class ManifestError(CheckpointError, ValueError):
 
 
 class VerificationError(CheckpointError, OSError):
-    """A checkpoint's files do not match its manifest (missing, wrong size or checksum)."""
+    """A checkpoint's files do not match its manifest (missing, wrong size or checksum).
+
+    ``problems`` lists every mismatch found, one line each.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        step: int | None = None,
+        problems: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, path=path, step=step)
+        self.problems = problems
 
 
 class NotDurableError(CheckpointError, OSError):
@@ -72,6 +87,19 @@ class NotDurableError(CheckpointError, OSError):
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
+
+
+class CommitStateError(CheckpointError, RuntimeError):
+    """A commit handle used when it cannot be: already published or aborted, or from a
+    process other than the one that began it (a child forked inside the ``with`` block)."""
+
+
+class CommitterClosedError(CheckpointError, RuntimeError):
+    """An :class:`~atomic_ckpt.AsyncCommitter` was used after ``close()``."""
+
+
+class DistributedNotInitializedError(CheckpointError, RuntimeError):
+    """A multi-rank call was made before ``torch.distributed.init_process_group()``."""
 
 
 class DistributedCommitError(CheckpointError, RuntimeError):
@@ -91,3 +119,22 @@ class DistributedCommitError(CheckpointError, RuntimeError):
     ) -> None:
         super().__init__(message, path=path, step=step)
         self.ranks = ranks
+
+
+_NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def wrap_os_error(exc: OSError, root: Path) -> BaseException:
+    """The error to raise for ``exc``, met while writing into the checkpoint root ``root``.
+
+    Permission and read-only errors become :class:`RootNotWritableError` (which says
+    what to do); anything else is returned unchanged.
+    """
+    if exc.errno in _NOT_WRITABLE:
+        why = "the filesystem is read-only" if exc.errno == errno.EROFS else "permission denied"
+        return RootNotWritableError(
+            f"cannot write to checkpoint root {root}: {why}. Choose a writable "
+            "directory or fix its permissions; existing checkpoints are untouched",
+            path=root,
+        )
+    return exc

@@ -22,11 +22,12 @@ import ctypes.util
 import errno
 import os
 import platform
-import shutil
 import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from ._names import MARKER
 
 __all__ = [
     "EXCHANGE_UNSUPPORTED",
@@ -34,10 +35,12 @@ __all__ = [
     "fsync_fd",
     "fsync_file",
     "makedirs",
+    "mkdir",
     "remove_tree",
     "rename",
     "rename_exchange",
     "rename_noreplace",
+    "symlink_replace",
     "write_file_durable",
 ]
 
@@ -173,27 +176,55 @@ def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool)
     """Write ``data`` to ``path``: through ``tmp`` (fsynced, then renamed) when given.
 
     The directory holding ``path`` is not fsynced here; the caller does it once.
+    If anything fails, ``tmp`` is removed (a stray temporary is never left behind)
+    and ``path`` is untouched.
     """
     target = tmp if tmp is not None else path
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if sync:
-            fsync_fd(fd)
-    finally:
-        os.close(fd)
-    if tmp is not None:
-        os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                fsync_fd(fd)
+        finally:
+            os.close(fd)
+        if tmp is not None:
+            os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
 
 
-def makedirs(path: Path, *, sync: bool) -> None:
-    """``mkdir -p path``; with ``sync``, fsync the parent of each directory that was missing.
+def mkdir(path: Path) -> None:
+    """Create one directory; its mode follows the umask, like any ``mkdir``."""
+    os.mkdir(path)
 
-    A directory's entry lives in its parent: without that fsync, a power loss
-    can drop a freshly created root together with every checkpoint committed
-    into it, even though each commit fsynced the root itself.
+
+def symlink_replace(target: str, link: Path, tmp: Path) -> None:
+    """Point the symlink ``link`` at ``target`` atomically: a new link at ``tmp``, renamed over.
+
+    The directory is not fsynced here; the caller does it. On failure ``tmp`` is gone
+    and ``link`` is untouched.
+    """
+    os.symlink(target, tmp)
+    try:
+        rename(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def makedirs(path: Path) -> list[Path]:
+    """``mkdir -p path``; return the directories that were missing, outermost first.
+
+    The caller fsyncs the parent of each: a directory's entry lives in its parent,
+    and without that fsync a power loss can drop a freshly created root together
+    with every checkpoint committed into it.
     """
     missing: list[Path] = []
     p = path
@@ -201,18 +232,15 @@ def makedirs(path: Path, *, sync: bool) -> None:
         missing.append(p)
         p = p.parent
     path.mkdir(parents=True, exist_ok=True)
-    if sync:
-        for created in reversed(missing):
-            fsync_dir(created.parent)
+    return missing[::-1]
 
 
 def remove_tree(path: Path) -> None:
     """Remove a directory tree without following symlinks; a missing path is fine.
 
     The marker goes first, so a tree interrupted halfway never looks complete.
+    Iterative, so a legally deep tree (thousands of levels) is removed too.
     """
-    from ._names import MARKER
-
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -222,4 +250,23 @@ def remove_tree(path: Path) -> None:
         return
     with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
         os.unlink(path / MARKER)
-    shutil.rmtree(path)
+    # Depth first, children before their parent: (directory, its children are gone).
+    stack: list[tuple[str, bool]] = [(os.fspath(path), False)]
+    while stack:
+        directory, emptied = stack.pop()
+        if emptied:
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(directory)
+            continue
+        stack.append((directory, True))
+        try:
+            it = os.scandir(directory)
+        except FileNotFoundError:
+            continue
+        with it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)

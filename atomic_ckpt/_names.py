@@ -26,6 +26,9 @@ MARKER = "checkpoint_complete"
 TMP_INFIX = ".tmp-"
 """Any name containing this is staging or garbage, never a checkpoint."""
 
+MARKER_TMP_PREFIX = MARKER + TMP_INFIX
+"""The marker's temporary names (``mark_complete`` writes through one)."""
+
 ROOT_LOCK = ".atomic_ckpt.tmp-root.lock"
 """Lock file that serializes promotion (and cleanup) within one root."""
 
@@ -40,10 +43,18 @@ TAG_OLD = "old-"
 TAG_DELETE = "del-"
 """Prune: a checkpoint moved out of sight before it is deleted."""
 
+NAME_MAX = 255
+"""The longest file name POSIX filesystems take (bytes)."""
+
+_TOKEN_HEX = 32
 _STEP_RE = re.compile(r"(?:0|[1-9][0-9]*)", re.ASCII)
 _TMP_RE = re.compile(
-    r"(?P<name>.+?)\.tmp-(?P<tag>old-|del-)?(?P<token>[0-9a-f]{32})(?P<lock>\.lock)?", re.ASCII
+    rf"(?P<name>.+?){re.escape(TMP_INFIX)}"
+    rf"(?P<tag>{re.escape(TAG_OLD)}|{re.escape(TAG_DELETE)})?"
+    rf"(?P<token>[0-9a-f]{{{_TOKEN_HEX}}})(?P<lock>{re.escape(LOCK_SUFFIX)})?",
+    re.ASCII,
 )
+_LONGEST_SUFFIX = len(TMP_INFIX) + len(TAG_DELETE) + _TOKEN_HEX + len(LOCK_SUFFIX)
 
 
 def step_name(prefix: str, step: int) -> str:
@@ -51,18 +62,29 @@ def step_name(prefix: str, step: int) -> str:
     return f"{prefix}{step}"
 
 
-def parse_step(prefix: str, name: str) -> int | None:
-    """The step that ``name`` names, or None if it is not a canonical step name.
+def fits(name: str) -> bool:
+    """Can ``name`` and every temporary name derived from it exist on disk?"""
+    return len(name.encode("utf-8", "surrogateescape")) + _LONGEST_SUFFIX <= NAME_MAX
 
-    Canonical means ASCII decimal without leading zeros, after the prefix: ``7``,
-    not ``007``, ``+7`` or non-ASCII digits. Names containing ``.tmp-`` are never steps.
+
+def parse_step(name: str, prefix: str = "") -> int | None:
+    """The step that the directory name ``name`` names, or None if it is not a step name.
+
+    Canonical means ASCII decimal without leading zeros, after ``prefix``: ``7``,
+    not ``007``, ``+7`` or non-ASCII digits. Names containing ``.tmp-`` are never
+    steps, nor are names too long to exist on disk.
     """
-    if TMP_INFIX in name or not name.startswith(prefix):
+    if TMP_INFIX in name or not name.startswith(prefix) or len(name) > NAME_MAX:
         return None
     digits = name[len(prefix) :]
     if _STEP_RE.fullmatch(digits) is None:
         return None
     return int(digits)
+
+
+def is_marker_name(name: str) -> bool:
+    """The marker, or one of its temporary names (left out of a manifest's file list)."""
+    return name == MARKER or name.startswith(MARKER_TMP_PREFIX)
 
 
 def new_token() -> str:
@@ -91,7 +113,7 @@ class TmpName:
 
 
 def parse_tmp(entry: str) -> TmpName | None:
-    """Parse a staging, aside or lock name made by this library; None otherwise."""
+    """Parse a staging, aside or lock name of this library's form; None otherwise."""
     m = _TMP_RE.fullmatch(entry)
     if m is None:
         return None

@@ -1,36 +1,22 @@
-"""Retention: which complete checkpoints to keep, and the ``checkpoint_best`` pointer.
+"""Retention as a pure plan: which complete checkpoints a policy keeps, which it deletes.
 
 A :class:`RetentionPolicy` keeps the union of its rules (the last ``k``, every
 ``n``-th step, the best ``k`` by a metric recorded in the manifest metadata)
-and always the latest checkpoint and the one ``checkpoint_best`` names. It is
-applied after a commit has returned, i.e. once the new checkpoint is durable.
-
-Order, so a crash anywhere leaves the pointer naming a complete checkpoint:
-first the pointer moves (a temporary symlink renamed over it, then the root is
-fsynced), then the checkpoints it no longer protects are deleted, each moved
-out of sight durably before it is removed (``CheckpointDir._delete``).
+and always the latest checkpoint and the one ``checkpoint_best`` names. Its
+:meth:`~RetentionPolicy.plan` does no I/O; carrying a plan out (first the best
+pointer moves, durably, then the checkpoints it no longer protects are deleted,
+each moved out of sight durably before it is removed) is ``_repair.retain``'s
+job, under the root lock.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from . import _fs
-from ._errors import CheckpointNotFoundError
-from ._names import BEST_LINK, new_token, parse_step, tmp_name
-from ._scan import Checkpoint
-
-if TYPE_CHECKING:
-    from ._checkpoint import CheckpointDir
-
-log = logging.getLogger("atomic_ckpt")
+from ._read import Checkpoint
 
 Mode = Literal["min", "max"]
 
@@ -44,14 +30,14 @@ def _positive(name: str, value: int | None) -> None:
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """Which complete checkpoints to keep; every other one is deleted by :meth:`apply`.
+    """Which complete checkpoints to keep; ``CheckpointDir.retain(policy)`` deletes the rest.
 
     * ``keep_last``: the ``k`` newest steps.
     * ``keep_every``: every step divisible by ``n`` (e.g. 1000: a long-term history).
     * ``keep_best``: the ``k`` best by ``metric`` (a number stored with
       ``commit(step, metadata={metric: value})``), smallest first with
       ``mode="min"``, largest with ``"max"``; on a tie the newer step wins.
-      Giving ``metric`` alone means ``keep_best=1``. With a metric, ``apply``
+      Giving ``metric`` alone means ``keep_best=1``. With a metric, retaining
       also points the ``checkpoint_best`` symlink at the best one.
 
     The latest checkpoint and the one ``checkpoint_best`` names are always kept.
@@ -94,7 +80,7 @@ class RetentionPolicy:
         """Split ``found`` (ascending by step) into kept and deleted; never deletes
         the latest, the best or ``protect`` (the step ``checkpoint_best`` names)."""
         if not found:
-            return Plan(keep=[], delete=[], best=None)
+            return Plan()
         steps = [c.step for c in found]
         keep = {steps[-1]}
         if protect is not None:
@@ -111,78 +97,12 @@ class RetentionPolicy:
             ranked = [c for _, c in scored]
             keep.update(c.step for c in ranked[: self.keep_best or 1])
             best = ranked[0] if ranked else None
-        return Plan(
-            keep=[c for c in found if c.step in keep],
-            delete=[c for c in found if c.step not in keep],
-            best=best,
-        )
-
-    def apply(self, ckpts: CheckpointDir) -> list[Path]:
-        """Move the best pointer (durably), then delete what the policy does not keep.
-
-        Returns the deleted paths. Call it after a commit has returned (in a
-        multi-rank job, on rank 0 only: ``distributed_commit(retain=...)`` does).
-        """
-        found = ckpts.checkpoints()
-        current = _link_step(ckpts)
-        plan = self.plan(found, protect=current)
-        if plan.best is not None and plan.best.step != current:
-            set_best(ckpts, plan.best.step)
-            # The old target is protected no longer; plan again without it.
-            plan = self.plan(found, protect=plan.best.step)
-        return ckpts._delete([c.path for c in plan.delete])
+        return Plan(delete=[c for c in found if c.step not in keep], best=best)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a policy keeps and deletes among the complete checkpoints, and the best one."""
+    """What a policy deletes among the complete checkpoints, and the best one."""
 
-    keep: list[Checkpoint] = field(default_factory=list)
     delete: list[Checkpoint] = field(default_factory=list)
     best: Checkpoint | None = None
-
-
-def _link_step(ckpts: CheckpointDir) -> int | None:
-    """The step ``checkpoint_best`` names, or None (no link, or not a step name)."""
-    try:
-        target = os.readlink(ckpts.root / BEST_LINK)
-    except OSError:  # missing, or not a symlink
-        return None
-    # A checkpoint root is untrusted input: only a plain sibling name counts.
-    if "/" in target or os.sep in target:
-        return None
-    return parse_step(ckpts.prefix, target)
-
-
-def read_best(ckpts: CheckpointDir) -> Checkpoint | None:
-    """The complete checkpoint ``checkpoint_best`` names, or None."""
-    step = _link_step(ckpts)
-    if step is None:
-        return None
-    try:
-        return ckpts.get(step)
-    except CheckpointNotFoundError as exc:
-        log.warning("%s names no complete checkpoint: %s", ckpts.root / BEST_LINK, exc)
-        return None
-
-
-def set_best(ckpts: CheckpointDir, step: int) -> None:
-    """Point ``checkpoint_best`` at ``step`` atomically and durably.
-
-    A new symlink under a ``.tmp-`` name (which ``clean()`` removes if we crash)
-    is renamed over the old one, under the root lock (so ``clean()`` cannot
-    remove the temporary link in between), then the root is fsynced.
-    """
-    target = ckpts.get(step).path.name  # raises unless step is complete
-    link = ckpts.root / BEST_LINK
-    tmp = ckpts.root / tmp_name(BEST_LINK, new_token())
-    with ckpts._root_lock():
-        os.symlink(target, tmp)
-        try:
-            _fs.rename(tmp, link)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        if ckpts._protocol.fsync_root:
-            _fs.fsync_dir(ckpts.root)

@@ -1,32 +1,31 @@
-"""Walk a checkpoint tree once: list its entries, fsync and (optionally) hash its files.
+"""Step 3 of the protocol: walk a checkpoint tree once, fsync and hash its files in parallel.
 
-Files are fsynced in parallel: ``os.fsync`` releases the GIL, so threads let the
-disk work on many files' writeback at once, and a checksum of one file is
-computed while another (or the same one) is being flushed. Symlinks are
-recorded, never followed, opened, fsynced or hashed.
+Files are fsynced on several threads: ``os.fsync`` releases the GIL, so threads
+let the disk work on many files' writeback at once, and a checksum of one file
+is computed while another (or the same one) is being flushed. Symlinks are
+recorded, never followed, opened, fsynced or hashed. The walk is iterative, so
+a legally deep tree is walked like any other.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import stat
-import zlib
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from . import _fs
-from ._manifest import FileEntry
+from ._manifest import FileEntry, checksum_file
+
+if TYPE_CHECKING:  # at run time this module imports nothing that writes: _read uses it
+    from ._sync import SyncPolicy
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 1 << 20
-"""Read size for hashing: big enough to amortize the syscall, small enough to stay in cache."""
-_MAX_WORKERS = 32
+DEFAULT_WORKERS = 32
 """Threads for fsync and hashing. fsync blocks in the kernel without the GIL, so
 many in flight let the disk merge work (1,000 small files here: 1 thread 221 ms,
 16 threads 120 ms, 32 threads 110 ms; see benchmarks/fsync_overhead.py)."""
@@ -36,85 +35,36 @@ _SPLIT = 8 << 20
 _T = TypeVar("_T")
 
 
-def _buffer(fd: int) -> tuple[bytearray, memoryview]:
-    # Sized to the file (plus one byte, to see the end in one read), at most
-    # _CHUNK: a fresh 1 MiB buffer per 64 KiB file would cost more than the hash.
-    size = min(_CHUNK, os.fstat(fd).st_size + 1)
-    buf = bytearray(size)
-    return buf, memoryview(buf)
-
-
-def _crc32(fd: int) -> str:
-    crc = 0
-    buf, view = _buffer(fd)
-    while n := os.readv(fd, [buf]):
-        crc = zlib.crc32(view[:n], crc)
-    return f"{crc:08x}"
-
-
-def _hashlib(name: str) -> Callable[[int], str]:
-    def digest(fd: int) -> str:
-        h = hashlib.new(name)
-        buf, view = _buffer(fd)
-        while n := os.readv(fd, [buf]):
-            h.update(view[:n])
-        return h.hexdigest()
-
-    return digest
-
-
-def _xxh3(fd: int) -> str:
-    import xxhash
-
-    h = xxhash.xxh3_128()
-    buf, view = _buffer(fd)
-    while n := os.readv(fd, [buf]):
-        h.update(view[:n])
-    return str(h.hexdigest())
-
-
-CHECKSUMS: dict[str, Callable[[int], str]] = {
-    "crc32": _crc32,
-    "sha256": _hashlib("sha256"),
-    "xxh3_128": _xxh3,
-}
-"""Supported checksum algorithms: name -> function of an open fd (read from offset 0)."""
-
-
-def checksum_file(path: Path, algorithm: str) -> str:
-    """The checksum of a regular file, never following a symlink."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        return CHECKSUMS[algorithm](fd)
-    finally:
-        os.close(fd)
-
-
-def _walk(
-    top: Path, rel: str, skip: Callable[[str], bool]
+def walk(
+    top: Path, skip: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    with os.scandir(top) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
-        if not rel and skip(entry.name):
-            continue
-        path = f"{rel}{entry.name}"
-        yield path, entry
-        if entry.is_dir(follow_symlinks=False):
-            yield from _walk(Path(entry.path), f"{path}/", _keep)
+    """Every entry under ``top`` as (relative POSIX path, entry), parents before children.
 
-
-def _keep(_name: str) -> bool:
-    return False
+    Never follows a symlink. ``skip`` names top-level entries to leave out.
+    """
+    stack: list[tuple[str, str]] = [(os.fspath(top), "")]
+    while stack:
+        directory, rel = stack.pop()
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        subdirs: list[tuple[str, str]] = []
+        for entry in entries:
+            if not rel and skip is not None and skip(entry.name):
+                continue
+            path = f"{rel}{entry.name}"
+            yield path, entry
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append((entry.path, f"{path}/"))
+        stack.extend(reversed(subdirs))
 
 
 def sync_tree(
     top: Path,
     *,
-    fsync_files: bool,
-    fsync_dirs: bool,
+    policy: SyncPolicy,
     checksum: str | None,
-    skip: Callable[[str], bool] = _keep,
+    workers: int = DEFAULT_WORKERS,
+    skip: Callable[[str], bool] | None = None,
 ) -> list[FileEntry]:
     """List every entry under ``top``; fsync its files and subdirectories (not ``top``).
 
@@ -123,15 +73,15 @@ def sync_tree(
     propagates: a failed fsync is never retried (the kernel may have dropped
     the dirty pages, so a retry that succeeds proves nothing).
 
-    The tree is walked once. Each small file is one job (hash, then fsync); a
-    large file's hash is a job of its own, so it runs while the file is being
-    flushed (reading it back from the page cache costs CPU, the flush costs
-    disk time: together they take the longer of the two, not the sum).
+    Each small file is one job (hash, then fsync); a large file's hash is a job
+    of its own, so it runs while the file is being flushed (reading it back from
+    the page cache costs CPU, the flush costs disk time: together they take the
+    longer of the two, not the sum).
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
     links: list[FileEntry] = []
-    for rel, entry in _walk(top, "", skip):
+    for rel, entry in walk(top, skip):
         st = entry.stat(follow_symlinks=False)
         if stat.S_ISREG(st.st_mode):
             files.append((rel, Path(entry.path), st.st_size))
@@ -145,21 +95,25 @@ def sync_tree(
     # Largest files first, so the longest flushes start earliest.
     jobs: list[Callable[[], tuple[str, str] | None]] = []
     for rel, path, size in sorted(files, key=lambda f: -f[2]):
-        if checksum and fsync_files and size >= _SPLIT:
-            jobs.append(functools.partial(_fsync_file, path))
+        if checksum and policy.durable and size >= _SPLIT:
+            jobs.append(functools.partial(policy.file, path))
             jobs.append(functools.partial(_hash_file, rel, path, checksum))
-        elif checksum or fsync_files:
-            jobs.append(functools.partial(_sync_file, rel, path, checksum, fsync_files))
-    if fsync_dirs:
-        jobs += [functools.partial(_fsync_dir, path) for _, path in dirs]
-    sums = dict(r for r in _run(jobs) if r is not None)
-    return _entries(files, dirs, links, {rel: size for rel, _, size in files}, sums)
+        elif checksum or policy.durable:
+            jobs.append(functools.partial(_sync_file, policy, rel, path, checksum))
+    if policy.durable:
+        jobs += [functools.partial(policy.subdir, path) for _, path in dirs]
+    sums = dict(r for r in run(jobs, workers) if r is not None)
+    out = [FileEntry(rel, "file", size=size, checksum=sums.get(rel)) for rel, _, size in files]
+    out += [FileEntry(rel, "dir") for rel, _ in dirs]
+    out += links
+    return sorted(out, key=lambda e: e.path)
 
 
-def _sync_file(rel: str, path: Path, checksum: str | None, fsync: bool) -> tuple[str, str] | None:
+def _sync_file(
+    policy: SyncPolicy, rel: str, path: Path, checksum: str | None
+) -> tuple[str, str] | None:
     digest = checksum_file(path, checksum) if checksum else None
-    if fsync:
-        _fs.fsync_file(path)
+    policy.file(path)
     return None if digest is None else (rel, digest)
 
 
@@ -167,41 +121,52 @@ def _hash_file(rel: str, path: Path, checksum: str) -> tuple[str, str]:
     return rel, checksum_file(path, checksum)
 
 
-def _fsync_file(path: Path) -> None:
-    _fs.fsync_file(path)  # looked up at call time: the fault-injection tests hook _fs
+def run(jobs: Iterable[Callable[[], _T]], workers: int) -> list[_T]:
+    """Run ``jobs`` on up to ``workers`` threads, the calling thread among them; results in order.
 
-
-def _fsync_dir(path: Path) -> None:
-    _fs.fsync_dir(path)
-
-
-def _run(jobs: list[Callable[[], _T]]) -> list[_T]:
-    """Run ``jobs`` on a thread pool (inline if there is only one); results in order.
-
-    The first error cancels the jobs not yet started, waits for the running
-    ones, and propagates (never retried).
+    The first error stops the jobs not yet started, waits for the running ones
+    and propagates (never retried). Plain threads, not ``concurrent.futures``:
+    a commit must work at interpreter exit (an ``atexit`` handler, a pending
+    async commit), where an executor refuses new work; if no thread can be
+    started there, the calling thread does every job itself.
     """
-    workers = min(_MAX_WORKERS, len(jobs))
-    if workers <= 1:
-        return [job() for job in jobs]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="atomic_ckpt") as pool:
-        futures = [pool.submit(job) for job in jobs]
+    todo = list(enumerate(jobs))
+    results: list[_T | None] = [None] * len(todo)
+    if min(workers, len(todo)) <= 1:
+        return [job() for _, job in todo]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    queue = iter(todo)
+
+    def work() -> None:
+        while True:
+            with lock:
+                if errors:
+                    return
+                item = next(queue, None)
+            if item is None:
+                return
+            i, job = item
+            try:
+                results[i] = job()
+            except BaseException as exc:
+                with lock:
+                    errors.append(exc)
+                return
+
+    threads: list[threading.Thread] = []
+    for _ in range(min(workers, len(todo)) - 1):
+        thread = threading.Thread(target=work, name="atomic_ckpt-sync", daemon=True)
         try:
-            return [fut.result() for fut in futures]
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
-
-
-def _entries(
-    files: list[tuple[str, Path, int]],
-    dirs: list[tuple[str, Path]],
-    links: list[FileEntry],
-    sizes: dict[str, int],
-    sums: dict[str, str],
-) -> list[FileEntry]:
-    out = [FileEntry(rel, "file", size=sizes[rel], checksum=sums.get(rel)) for rel, _, _ in files]
-    out += [FileEntry(rel, "dir") for rel, _ in dirs]
-    out += links
-    return sorted(out, key=lambda e: e.path)
+            thread.start()
+        except RuntimeError:  # interpreter shutdown: no new threads
+            break
+        threads.append(thread)
+    try:
+        work()
+    finally:
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+    return results  # type: ignore[return-value]

@@ -17,11 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import CheckpointDir
-from ._errors import CheckpointError, CheckpointNotFoundError, VerificationError
-from ._names import parse_step
-from ._scan import Entry, scan
-from ._version import __version__
+from . import (
+    CheckpointDir,
+    CheckpointError,
+    CheckpointNotFoundError,
+    Entry,
+    VerificationError,
+    __version__,
+    parse_step,
+)
 
 EXIT_OK = 0
 EXIT_NONE = 1
@@ -81,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Failure as exc:
         print(f"atomic-ckpt: {exc}", file=sys.stderr)
         return exc.status
-    except (CheckpointError, OSError, ValueError) as exc:
+    except (CheckpointError, OSError, ValueError, ImportError) as exc:
         print(f"atomic-ckpt: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
@@ -107,23 +111,41 @@ def _human(n: int) -> str:
 
 
 def _on_disk(path: Path) -> tuple[int, int, float]:
-    """(files, bytes, mtime) of a directory tree, walked without following links."""
+    """(files, bytes, mtime) of a directory tree, walked without following links.
+
+    Iterative (a legally deep tree is fine); entries that vanish meanwhile are skipped.
+    """
     files = size = 0
-    for dirpath, _, names in os.walk(path):
-        for name in names:
-            st = os.lstat(os.path.join(dirpath, name))
-            files += 1
-            size += st.st_size
+    stack = [os.fspath(path)]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with it:
+            for entry in it:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                        continue
+                    size += entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+                files += 1
     return files, size, os.lstat(path).st_mtime
 
 
-def _row(e: Entry) -> dict[str, Any]:
+def _row(e: Entry) -> dict[str, Any] | None:
+    """One line of ``ls``; None for an entry deleted since the listing."""
     if e.manifest is not None and not e.manifest.legacy:
         m = e.manifest
         files = sum(1 for f in m.files if f.type == "file")
         size, created = m.total_size, m.created
     else:
-        files, size, created = _on_disk(e.path)
+        try:
+            files, size, created = _on_disk(e.path)
+        except FileNotFoundError:
+            return None
     return {
         "step": e.step,
         "status": e.status,
@@ -137,7 +159,7 @@ def _row(e: Entry) -> dict[str, Any]:
 
 def _ls(args: argparse.Namespace) -> int:
     ckpts = _open(args)
-    rows = [_row(e) for e in scan(ckpts.root, ckpts.prefix, include_staging=True)]
+    rows = [r for e in ckpts.entries(include_staging=True) if (r := _row(e)) is not None]
     if args.json:
         print(json.dumps(rows, indent=1))
         return EXIT_OK
@@ -168,27 +190,49 @@ def _latest(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     ckpts = _open(args)
+    listed = args.step is None
     steps = [args.step] if args.step is not None else ckpts.steps()
     if not steps:
         raise _Failure(f"no complete checkpoint in {ckpts.root}", EXIT_NONE)
     results: list[dict[str, Any]] = []
     for step in steps:
-        try:
-            ckpt = ckpts.verify(step)
-            legacy = ckpt.manifest.legacy
-            results.append({"step": step, "ok": True, "legacy": legacy, "path": str(ckpt.path)})
-        except (VerificationError, CheckpointNotFoundError) as exc:
-            results.append({"step": step, "ok": False, "error": str(exc)})
+        results.append(_verify_one(ckpts, step, listed=listed))
     if args.json:
         print(json.dumps(results, indent=1))
     else:
         for r in results:
-            if r["ok"]:
+            if r.get("gone"):
+                print(f"step {r['step']}: gone (deleted during the run)")
+            elif r["ok"]:
                 note = " (legacy marker: presence only)" if r["legacy"] else ""
                 print(f"step {r['step']}: ok{note}")
             else:
                 print(f"step {r['step']}: FAILED: {r['error']}")
     return EXIT_OK if all(r["ok"] for r in results) else EXIT_NONE
+
+
+def _verify_one(ckpts: CheckpointDir, step: int, *, listed: bool) -> dict[str, Any]:
+    """Verify one step. A step listed a moment ago that a live run deleted (or replaced)
+    meanwhile is reported as gone (or verified again), never as FAILED."""
+    for attempt in (1, 2):
+        try:
+            ckpt = ckpts.verify(step)
+            return {
+                "step": step,
+                "ok": True,
+                "legacy": ckpt.manifest.legacy,
+                "path": str(ckpt.path),
+            }
+        except (CheckpointNotFoundError, VerificationError) as exc:
+            failure = exc
+        if listed and not os.path.lexists(ckpts.path_of(step)):
+            return {"step": step, "ok": True, "gone": True}
+        if not (listed and attempt == 1 and isinstance(failure, VerificationError)):
+            break
+    result: dict[str, Any] = {"step": step, "ok": False, "error": str(failure)}
+    if isinstance(failure, VerificationError):
+        result["problems"] = list(failure.problems)
+    return result
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -204,7 +248,7 @@ def _clean(args: argparse.Namespace) -> int:
 
 def _mark_complete(args: argparse.Namespace) -> int:
     path = Path(os.path.abspath(args.path))
-    step = parse_step(args.prefix, path.name)
+    step = parse_step(path.name, args.prefix)
     if step is None:
         raise _Failure(
             f"error: {path.name!r} is not a step directory name"

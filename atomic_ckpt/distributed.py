@@ -49,21 +49,25 @@ import contextlib
 import hashlib
 import json
 import logging
+import operator
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import torch.distributed as dist
 
-from ._checkpoint import CheckpointDir, _is_marker_name, _Stage
-from ._errors import DistributedCommitError
-from ._manifest import FileEntry
-from ._retention import RetentionPolicy
-from ._scan import Checkpoint
-from ._tree import checksum_file, sync_tree
+from . import (
+    Checkpoint,
+    CheckpointDir,
+    Commit,
+    DistributedCommitError,
+    DistributedNotInitializedError,
+    FileEntry,
+    RetentionPolicy,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -73,7 +77,7 @@ __all__ = [
     "resume",
 ]
 
-log = logging.getLogger("atomic_ckpt")
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds a rank waits for the others at each step of a commit (as torch's default)."""
@@ -108,7 +112,7 @@ def _coordination_group(group: dist.ProcessGroup | None, timeout: float) -> dist
     Python objects of the protocol whatever backend the training uses.
     """
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
+        raise DistributedNotInitializedError(
             "torch.distributed is not initialized: call "
             "torch.distributed.init_process_group() first (or use CheckpointDir.commit)"
         )
@@ -201,7 +205,7 @@ def _failure_error(step: int, failed: list[tuple[int, str]], phase: str) -> Dist
 @contextlib.contextmanager
 def distributed_commit(
     ckpts: CheckpointDir,
-    step: int,
+    step: SupportsIndex,
     *,
     metadata: Mapping[str, Any] | None = None,
     group: dist.ProcessGroup | None = None,
@@ -220,23 +224,24 @@ def distributed_commit(
     between the slowest and the fastest rank's save. ``retain`` is applied by
     rank 0 after the commit is durable (only rank 0 deletes).
     """
+    step = operator.index(step)
     ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
-    staged = ckpts._staged(step, metadata) if ranks.rank == 0 else None
-    stage: _Stage | None = None
     # 1. Rank 0 creates the staging dir (its lock first) and broadcasts its name.
+    commit: Commit | None = None
     problem: BaseException | None = None
-    if staged is not None:
+    if ranks.rank == 0:
         try:
-            stage = staged.__enter__()
+            commit = ckpts.begin(step, metadata=metadata, retain=retain)
         except Exception as exc:
             problem = exc
     try:
         name, why = ranks.broadcast(
-            (stage.path.name if stage else None, _describe(problem)),
+            (commit.path.name if commit else None, _describe(problem)),
             "receiving the staging directory from rank 0",
         )
     except BaseException as exc:
-        _abort(staged, stage, exc)
+        if commit is not None:
+            commit.abort(exc)
         raise
     if problem is not None:
         raise problem
@@ -291,26 +296,18 @@ def distributed_commit(
                 ranks=tuple(differ),
             )
     except BaseException as exc:
-        _abort(staged, stage, exc)
+        if commit is not None:
+            commit.abort(exc)
         raise
-    # 5. Rank 0: the marker (listing every rank's files), promote, fsync the root.
+    # 5. Rank 0: the marker (listing every rank's files), promote, fsync the root,
+    #    then the retention policy.
     outcome: BaseException | None = None
-    if staged is not None and stage is not None and synced is not None:
+    if commit is not None and synced is not None:
         sums: dict[str, str] = {}
         for _, _, share in gathered:
             sums.update(share)
-        stage.files = [_with_checksum(e, sums) for e in synced[1]]
         try:
-            staged.__exit__(None, None, None)
-            if retain is not None:
-                try:
-                    retain.apply(ckpts)
-                except Exception as exc:
-                    exc.add_note(
-                        f"atomic_ckpt: step {step} was committed and is durable; only "
-                        "applying the retention policy failed"
-                    )
-                    raise
+            commit.publish(files=[_with_checksum(e, sums) for e in synced[1]])
         except Exception as exc:
             outcome = exc
     # 6. Rank 0 tells every rank the outcome: the barrier after the promotion.
@@ -325,16 +322,6 @@ def distributed_commit(
         )
 
 
-def _abort(
-    staged: contextlib.AbstractContextManager[_Stage] | None,
-    stage: _Stage | None,
-    exc: BaseException,
-) -> None:
-    """On rank 0: let ``CheckpointDir._staged`` remove the staging dir for ``exc``."""
-    if staged is not None and stage is not None:
-        staged.__exit__(type(exc), exc, exc.__traceback__)
-
-
 def _sync_share(
     ckpts: CheckpointDir, staging: Path, rank: int, size: int
 ) -> tuple[str, list[FileEntry], dict[str, str]]:
@@ -343,22 +330,14 @@ def _sync_share(
     Returns a digest of the listing (to compare across ranks), the listing,
     and the checksums of this rank's share of the files.
     """
-    p = ckpts._protocol
-    entries = sync_tree(
-        staging,
-        fsync_files=p.fsync_files,
-        fsync_dirs=p.fsync_dirs,
-        checksum=None,
-        skip=_is_marker_name,
-    )
+    entries = ckpts.sync_tree(staging, hash=False)
     listing = json.dumps([e.to_json() for e in entries]).encode()
     digest = hashlib.sha256(listing).hexdigest()
-    algorithm = ckpts._checksum
     share = [e.path for e in entries if e.type == "file"][rank::size]
     sums: dict[str, str] = {}
-    if algorithm is not None and share:
+    if ckpts.checksum is not None and share:
         with ThreadPoolExecutor(max_workers=min(8, len(share))) as pool:
-            found = pool.map(lambda rel: checksum_file(staging / rel, algorithm), share)
+            found = pool.map(lambda rel: ckpts.checksum_file(staging / rel) or "", share)
             sums = dict(zip(share, found, strict=True))
     return digest, entries, sums
 
@@ -387,7 +366,7 @@ def resume(
     problem: BaseException | None = None
     if ranks.rank == 0:
         try:
-            choice = _newest(ckpts, verify=verify)
+            choice = ckpts.latest(verify=verify)
         except Exception as exc:
             problem = exc
     choice, why = ranks.broadcast((choice, _describe(problem)), "receiving rank 0's resume step")
@@ -398,18 +377,6 @@ def resume(
             f"rank 0 could not choose a checkpoint to resume from: {why}", ranks=(0,)
         )
     return choice
-
-
-def _newest(ckpts: CheckpointDir, *, verify: bool) -> Checkpoint | None:
-    found = ckpts.checkpoints()
-    if not verify:
-        return found[-1] if found else None
-    for ckpt in reversed(found):
-        try:
-            return ckpts.verify(ckpt.step)
-        except OSError as exc:
-            log.warning("not resuming from %s: %s", ckpt.path, exc)
-    return None
 
 
 def rank_path(

@@ -58,6 +58,7 @@ survived) and raises ``AssertionError`` to reject it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import logging
@@ -74,15 +75,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from . import _fs, _tree
-from ._checkpoint import CheckpointDir, Protocol
+from . import _fs, _repair
+from ._checkpoint import CheckpointDir
+from ._commit import Commit
 from ._errors import CheckpointError
 from ._manifest import Manifest
 from ._names import MARKER, ROOT_LOCK, TAG_OLD, TMP_INFIX, parse_step, parse_tmp, step_name
-from ._scan import classify
+from ._read import classify
+from ._root import Root
+from ._sync import SyncPolicy
 
 __all__ = [
     "MODELS",
+    "STEPS",
     "Checker",
     "CrashState",
     "Expectation",
@@ -90,11 +95,13 @@ __all__ = [
     "InvariantViolation",
     "Op",
     "Recording",
+    "Replace",
     "Report",
     "Tree",
     "Version",
     "check_invariants",
     "explore",
+    "mutant",
     "read_tree",
     "record",
 ]
@@ -180,7 +187,8 @@ class CrashState:
     root: Path
     """The rebuilt checkpoint root (it may be missing: a crash can lose it)."""
     prefix: str
-    protocol: Protocol
+    sync: SyncPolicy
+    """The durability steps the recorded commits performed."""
     model: str
     crash_point: int
     """How many recorded operations ran before the crash."""
@@ -393,7 +401,7 @@ class _Recorder:
         if not self.root.is_dir():
             return out
         for name in sorted(os.listdir(self.root)):
-            step = parse_step(self.prefix, name)
+            step = parse_step(name, self.prefix)
             path = self.root / name
             if step is None or not path.is_dir() or path.is_symlink():
                 continue
@@ -522,11 +530,9 @@ class _Recorder:
         try:
             for name, hook in hooks.items():
                 patch(_fs, name, self._guard(hook, getattr(_fs, name)))
-            # One worker: the tree is fsynced inline, in a reproducible order.
-            patch(_tree, "_MAX_WORKERS", 1)
-            patch(CheckpointDir, "_publish", self._publish_hook(CheckpointDir._publish))
+            patch(Commit, "publish", self._publish_hook(Commit.publish))
             patch(CheckpointDir, "mark_complete", self._adopt_hook(CheckpointDir.mark_complete))
-            patch(CheckpointDir, "_delete", self._delete_hook(CheckpointDir._delete))
+            patch(_repair, "move_aside", self._delete_hook(_repair.move_aside))
             yield
         finally:
             for obj, name, value in reversed(saved):
@@ -661,20 +667,20 @@ class _Recorder:
         self.saves.append(save)
         return save
 
-    def _publish_hook(self, real: Callable[..., None]) -> Callable[..., None]:
-        def _publish(
-            ckpts: CheckpointDir, step: int, staging: Path, final: Path, *a: Any, **kw: Any
-        ) -> None:
-            if not self._mine(ckpts):
-                return real(ckpts, step, staging, final, *a, **kw)
+    def _publish_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def publish(commit: Commit, *a: Any, **kw: Any) -> Any:
+            if self.rel(commit.path) is None or commit.state != "open":
+                return real(commit, *a, **kw)
             with self.lock:
                 self.observe()
-            save = self._begin(_Save("commit", (step,), len(self.ops), tree=read_tree(staging)))
-            real(ckpts, step, staging, final, *a, **kw)
-            save.marker = _read_marker_bytes(final)
+            tree = read_tree(commit.path)
+            save = self._begin(_Save("commit", (commit.step,), len(self.ops), tree=tree))
+            result = real(commit, *a, **kw)
+            save.marker = _read_marker_bytes(commit.final)
             save.end = len(self.ops)
+            return result
 
-        return _publish
+        return publish
 
     def _adopt_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def mark_complete(ckpts: CheckpointDir, step: int) -> Any:
@@ -692,21 +698,21 @@ class _Recorder:
 
         return mark_complete
 
-    def _delete_hook(self, real: Callable[..., list[Path]]) -> Callable[..., list[Path]]:
-        def _delete(ckpts: CheckpointDir, paths: list[Path]) -> list[Path]:
-            if not self._mine(ckpts):
-                return real(ckpts, paths)
+    def _delete_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def move_aside(root: Root, paths: list[Path]) -> Any:
+            if self.rel(root.path) is None:
+                return real(root, paths)
             steps = tuple(
-                s for s in (parse_step(ckpts.prefix, Path(p).name) for p in paths) if s is not None
+                s for s in (parse_step(Path(p).name, root.prefix) for p in paths) if s is not None
             )
             with self.lock:
                 self.observe()
             save = self._begin(_Save("delete", steps, len(self.ops)))
-            result = real(ckpts, paths)
+            result = real(root, paths)
             save.end = len(self.ops)
             return result
 
-        return _delete
+        return move_aside
 
 
 # --------------------------------------------------------------------------- crash states
@@ -749,12 +755,14 @@ class Recording:
         scratch: Path,
         *,
         prefix: str,
-        protocol: Protocol,
+        sync: SyncPolicy,
+        replace: Replace,
     ) -> None:
         self._rec = recorder
         self._scratch = scratch
         self.prefix = prefix
-        self.protocol = protocol
+        self.sync = sync
+        self.replace = replace
         self.ops: tuple[Op, ...] = tuple(recorder.ops)
         self._inodes = recorder.inodes
         self._root_rel = recorder.rel(recorder.root) or ""
@@ -768,7 +776,6 @@ class Recording:
                     self._next_sync[i] = op.index
             else:
                 pending.setdefault(op.inode, []).append(op.index)
-        self._n_states = 0
 
     # ---- the model
 
@@ -998,12 +1005,12 @@ class Recording:
         state = CrashState(
             root=root,
             prefix=self.prefix,
-            protocol=self.protocol,
+            sync=self.sync,
             model=c.model,
             crash_point=c.crash_point,
             expected=self.expectations(c.crash_point),
             description=description,
-            moved_aside=self._rec.moved_aside or self.protocol.replace == "aside",
+            moved_aside=self._rec.moved_aside or self.replace == "aside",
         )
         try:
             with _quiet():
@@ -1078,12 +1085,42 @@ def _default_workdir() -> str | None:
     return None
 
 
+Replace: TypeAlias = Literal["exchange", "aside", "delete"]
+"""How a recorded commit replaces an existing step: ``exchange`` (RENAME_EXCHANGE,
+the library's way where the filesystem has it), ``aside`` (the move-aside fallback,
+as where it has not), or ``delete`` (a protocol mutant: delete the old step, then
+rename the new one, the window with neither that the library exists to avoid)."""
+
+
+@contextlib.contextmanager
+def _replacing(mode: Replace) -> Iterator[None]:
+    """Make ``atomic_ckpt._fs.rename_exchange`` behave as ``mode`` says, for a recording."""
+    if mode == "exchange":
+        yield
+        return
+    hooked = _fs.rename_exchange
+
+    def unsupported(a: Path, b: Path) -> None:
+        raise OSError(errno.ENOSYS, "RENAME_EXCHANGE switched off by atomic_ckpt.testing", str(a))
+
+    def delete_then_rename(a: Path, b: Path) -> None:
+        _fs.remove_tree(b)
+        _fs.rename(a, b)
+
+    _fs.rename_exchange = unsupported if mode == "aside" else delete_then_rename
+    try:
+        yield
+    finally:
+        _fs.rename_exchange = hooked
+
+
 @contextlib.contextmanager
 def record(
     save: Callable[[CheckpointDir], object],
     *,
     setup: Callable[[CheckpointDir], object] | None = None,
-    protocol: Protocol | None = None,
+    sync: SyncPolicy | None = None,
+    replace: Replace = "exchange",
     prefix: str = "",
     checksum: str | None = "crc32",
     workdir: str | os.PathLike[str] | None = None,
@@ -1091,27 +1128,30 @@ def record(
     """Run ``save`` on a scratch checkpoint root and record what it does to the filesystem.
 
     ``setup`` runs first, unrecorded: what it leaves is the durable starting
-    state (earlier checkpoints, a legacy directory to adopt). ``protocol``
-    replaces the commit protocol (the mutation tests switch steps off).
-    The scratch directory is made in ``workdir`` (default: ``/dev/shm`` where
-    writable, else the system temp dir) and removed afterwards. Yields a
-    :class:`Recording`.
+    state (earlier checkpoints, a legacy directory to adopt). ``sync`` replaces
+    the durability steps (the mutation tests switch single steps off, see
+    :mod:`atomic_ckpt.testing` ``mutant``); ``replace`` chooses how an existing
+    step is replaced. The scratch directory is made in ``workdir`` (default:
+    ``/dev/shm`` where writable, else the system temp dir) and removed
+    afterwards. Yields a :class:`Recording`.
     """
     where = workdir if workdir is not None else _default_workdir()
     scratch = Path(tempfile.mkdtemp(prefix="atomic_ckpt-crash-", dir=where)).resolve()
+    policy = sync if sync is not None else SyncPolicy()
     try:
         universe = scratch / "fs"
         universe.mkdir()
-        ckpts = CheckpointDir(universe / _ROOT_NAME, prefix=prefix, checksum=checksum)
-        if protocol is not None:
-            ckpts._protocol = protocol
+        # One worker: the tree is fsynced inline, in a reproducible order.
+        ckpts = CheckpointDir(
+            universe / _ROOT_NAME, prefix=prefix, checksum=checksum, workers=1, sync=policy
+        )
         if setup is not None:
             setup(ckpts)
         recorder = _Recorder(universe, ckpts.root, prefix)
-        with recorder.hooked():
+        with recorder.hooked(), _replacing(replace):
             save(ckpts)
         recorder.observe()
-        yield Recording(recorder, scratch, prefix=prefix, protocol=ckpts._protocol)
+        yield Recording(recorder, scratch, prefix=prefix, sync=policy, replace=replace)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -1125,7 +1165,8 @@ def explore(
     samples: int = 16,
     seed: int = 0,
     keep_going: bool = False,
-    protocol: Protocol | None = None,
+    sync: SyncPolicy | None = None,
+    replace: Replace = "exchange",
     prefix: str = "",
     checksum: str | None = "crc32",
     workdir: str | os.PathLike[str] | None = None,
@@ -1140,11 +1181,63 @@ def explore(
     data fates (``ext4``); ``seed`` makes them reproducible.
     """
     with record(
-        save, setup=setup, protocol=protocol, prefix=prefix, checksum=checksum, workdir=workdir
+        save,
+        setup=setup,
+        sync=sync,
+        replace=replace,
+        prefix=prefix,
+        checksum=checksum,
+        workdir=workdir,
     ) as rec:
         return rec.explore(
             checker, models=models, samples=samples, seed=seed, keep_going=keep_going
         )
+
+
+# --------------------------------------------------------------------------- mutants
+
+STEPS = ("file", "subdir", "marker", "marker_tmp", "staging", "root")
+"""The durability steps of :class:`~atomic_ckpt.SyncPolicy` a mutant can switch off:
+each fsync method, and ``marker_tmp`` (the marker written in place where a
+temporary name was asked for)."""
+
+
+class _Mutant(SyncPolicy):
+    def __init__(self, off: str) -> None:
+        self.off = off
+
+    def file(self, path: Path) -> None:
+        if self.off != "file":
+            super().file(path)
+
+    def subdir(self, path: Path) -> None:
+        if self.off != "subdir":
+            super().subdir(path)
+
+    def marker(self, directory: Path, data: bytes, *, tmp: Path | None) -> None:
+        if self.off == "marker":
+            _fs.write_file_durable(directory / MARKER, data, tmp=tmp, sync=False)
+        else:
+            super().marker(directory, data, tmp=None if self.off == "marker_tmp" else tmp)
+
+    def staging(self, path: Path) -> None:
+        if self.off != "staging":
+            super().staging(path)
+
+    def root(self, path: Path) -> None:
+        if self.off != "root":
+            super().root(path)
+
+    def __repr__(self) -> str:
+        return f"mutant(without={self.off!r})"
+
+
+def mutant(without: str) -> SyncPolicy:
+    """The full :class:`~atomic_ckpt.SyncPolicy` with one step (one of :data:`STEPS`)
+    switched off: a protocol the crash simulation must reject."""
+    if without not in STEPS:
+        raise ValueError(f"unknown step {without!r}; choose one of {STEPS}")
+    return _Mutant(without)
 
 
 # --------------------------------------------------------------------------- invariants
@@ -1156,7 +1249,7 @@ def _complete_by_hand(root: Path, prefix: str) -> list[int]:
     if not root.is_dir():
         return out
     for name in os.listdir(root):
-        step = parse_step(prefix, name)
+        step = parse_step(name, prefix)
         path = root / name
         if step is None or path.is_symlink() or not path.is_dir():
             continue

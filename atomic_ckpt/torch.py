@@ -14,17 +14,17 @@ Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, SupportsIndex
 
 import torch
 from safetensors.torch import load_model, save_model
 
-from ._checkpoint import CheckpointDir
-from ._scan import Checkpoint
+from . import Checkpoint, CheckpointDir
 
 __all__ = [
     "MODEL_FILE",
@@ -63,7 +63,7 @@ class TrainingState:
 def write_state(
     directory: str | os.PathLike[str],
     *,
-    step: int,
+    step: SupportsIndex,
     model: torch.nn.Module,
     optimizer: _Stateful | None = None,
     scheduler: _Stateful | None = None,
@@ -77,13 +77,13 @@ def write_state(
         torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)
     if scheduler is not None:
         torch.save(scheduler.state_dict(), out / SCHEDULER_FILE)
-    doc = {"step": step, "epoch": epoch, "metadata": dict(metadata or {})}
+    doc = {"step": operator.index(step), "epoch": epoch, "metadata": dict(metadata or {})}
     (out / STATE_FILE).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def save_state(
     ckpts: CheckpointDir,
-    step: int,
+    step: SupportsIndex,
     *,
     model: torch.nn.Module,
     optimizer: _Stateful | None = None,
@@ -92,17 +92,17 @@ def save_state(
     metadata: Mapping[str, Any] | None = None,
 ) -> Checkpoint:
     """Commit a training state as checkpoint ``step`` of ``ckpts``, atomically and durably."""
-    with ckpts.commit(step, metadata=metadata) as path:
+    with ckpts.begin(step, metadata=metadata) as commit:
         write_state(
-            path,
-            step=step,
+            commit.path,
+            step=commit.step,
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,
             epoch=epoch,
             metadata=metadata,
         )
-    return ckpts.get(step)
+    return commit.publish()  # published on leaving the block: returns its checkpoint
 
 
 def load_state(
@@ -147,13 +147,13 @@ def resume(
     """Load the latest complete checkpoint of ``ckpts``; None if there is none.
 
     With ``verify=True`` the files are checked against the manifest (sizes and
-    checksums) first, which reads them once more.
+    checksums) first, which reads them once more; a newest checkpoint that does
+    not verify is skipped with a warning, and the newest one that does is loaded
+    (as ``atomic_ckpt.distributed.resume`` does).
     """
-    latest = ckpts.latest()
+    latest = ckpts.latest(verify=verify)
     if latest is None:
         return None
-    if verify:
-        ckpts.verify(latest.step)
     return load_state(latest, model=model, optimizer=optimizer, scheduler=scheduler, device=device)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import multiprocessing as mp
 import os
@@ -316,7 +315,8 @@ def test_interrupted_prune_never_leaves_a_complete_looking_dir(ckpts: Checkpoint
     assert not ckpts.path_of(1).exists()
     assert not ckpts.path_of(2).exists()
     assert CheckpointDir(ckpts.root).steps() == [3]
-    assert all(not n.endswith(".lock") for n in tmp_entries(ckpts.root))  # no lock left
+    # No lock left: each victim still holds its marker, which tells clean() it is ours.
+    assert all(not n.endswith(".lock") for n in tmp_entries(ckpts.root))
     removed = ckpts.clean()
     assert half in removed
     assert len(removed) == 2  # both moved-aside victims
@@ -333,18 +333,20 @@ def test_clean_deletes_orphans_without_holding_the_root_lock(
     orphan = ckpts.root / f"2{TMP_INFIX}{'ab' * 16}"
     orphan.mkdir()
     (orphan / "big").write_bytes(b"x" * 1000)
+    lock = ckpts.root / f"2{TMP_INFIX}{'ab' * 16}.lock"  # its dead writer's lock file
+    lock.write_bytes(b"")
     real_remove = _fs.remove_tree
     free_during_removal: list[bool] = []
 
     def remove_and_probe(path: Path) -> None:
         if path == orphan:
             probe = CheckpointDir(ckpts.root, lock_timeout=0)
-            with probe._root_lock():  # raises CheckpointTimeoutError if clean() still held it
-                free_during_removal.append(True)
+            probe.prune(keep_last=1)  # CheckpointTimeoutError if clean() still held the lock
+            free_during_removal.append(True)
         real_remove(path)
 
     monkeypatch.setattr(_fs, "remove_tree", remove_and_probe)
-    assert ckpts.clean() == [orphan]
+    assert ckpts.clean() == [orphan, lock]
     assert free_during_removal == [True]
     assert not orphan.exists()
 
@@ -353,7 +355,11 @@ def test_a_pruned_step_never_comes_back_after_a_fallback_replace(
     ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The old copy left by a finished fallback replace never returns, even once it is pruned."""
-    monkeypatch.setattr(ckpts, "_protocol", dataclasses.replace(ckpts._protocol, replace="aside"))
+
+    def no_exchange(a: Path, b: Path) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(_fs, "rename_exchange", no_exchange)
     for step, payload in [(5, b"v1"), (5, b"v2"), (6, b"6"), (7, b"7")]:
         with ckpts.commit(step) as path:
             (path / "f").write_bytes(payload)

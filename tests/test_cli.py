@@ -29,6 +29,7 @@ def populated(ckpts: CheckpointDir) -> CheckpointDir:
     (ckpts.root / "3").mkdir()
     (ckpts.root / "3" / "weights.bin").write_bytes(b"partial")
     (ckpts.root / f"4.tmp-{TOKEN}").mkdir()
+    (ckpts.root / f"4.tmp-{TOKEN}.lock").write_bytes(b"")  # its dead writer's lock file
     return ckpts
 
 

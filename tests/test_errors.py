@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import multiprocessing as mp
 import os
@@ -491,7 +490,9 @@ def test_cleanup_failure_is_attached_as_a_note_never_swallowed(committed: Checkp
     assert "Device or resource busy" in notes[0]
     assert ckpts.steps() == [1]
     assert staging.is_dir()  # left behind, but invisible to the scanner ...
-    assert ckpts.clean() == [staging]  # ... and removed by clean()
+    lock = staging.with_name(staging.name + ".lock")
+    assert lock.is_file()  # ... with its lock file, the evidence that it is ours ...
+    assert ckpts.clean() == [staging, lock]  # ... and removed by clean()
     assert_untouched(ckpts)
 
 
@@ -521,16 +522,26 @@ def test_root_fsync_failure_after_promotion_is_not_durable_error(
     assert isinstance(info.value.__cause__, OSError)
     assert contents(ckpts.path_of(step)) == {"new.bin": b"new"}
     ckpts.verify(step)
+    left = set(os.listdir(ckpts.root)) - {"1", str(step), ROOT_LOCK}
+    if step == 1:
+        # The old copy may be the only durable one: it stays (its marker intact) for
+        # clean(), which removes it once the disk works again.
+        (old,) = left
+        assert (ckpts.root / old / MARKER).is_file()
+        assert [p.name for p in ckpts.clean()] == [old]
+    else:
+        assert left == set()
     assert set(os.listdir(ckpts.root)) == {"1", str(step), ROOT_LOCK}
 
 
 def test_root_lock_timeout_is_a_timeout_error(committed: CheckpointDir) -> None:
-    """When another holder keeps the root lock, commit raises CheckpointTimeoutError."""
+    """When another holder keeps the root lock, the promotion raises CheckpointTimeoutError
+    (the root lock is taken only to promote) and nothing is promoted."""
     ckpts = CheckpointDir(committed.root, lock_timeout=0)
     holder = FileLock(ckpts.root / ROOT_LOCK, thread_local=False)
     with holder:
-        with pytest.raises(TimeoutError) as info, ckpts.commit(2):
-            pytest.fail("the block must not run")
+        with pytest.raises(TimeoutError) as info, ckpts.commit(2) as path:
+            write(path, {"x.bin": b"x"})
         assert isinstance(info.value, CheckpointTimeoutError)
         assert info.value.path == ckpts.root
     assert_untouched(ckpts)
@@ -554,7 +565,11 @@ def test_failed_rollback_of_the_fallback_keeps_the_original_error(
     """If moving the old copy back also fails, the promote error is raised with a note."""
     with ckpts.commit(5) as path:
         (path / "f").write_text("old")
-    monkeypatch.setattr(ckpts, "_protocol", dataclasses.replace(ckpts._protocol, replace="aside"))
+
+    def no_exchange(a: Path, b: Path) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(_fs, "rename_exchange", no_exchange)
     hits: list[str] = []
     real_rename = _fs.rename
 

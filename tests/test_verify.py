@@ -17,7 +17,7 @@ from atomic_ckpt import (
     CheckpointError,
     CheckpointNotFoundError,
     VerificationError,
-    _tree,
+    _read,
 )
 
 FILES = {
@@ -197,15 +197,14 @@ def test_file_replaced_by_a_symlink_to_an_identical_copy_fails(
     (ckpt / "model.bin").unlink()
     (ckpt / "model.bin").symlink_to(copy)
     hashed: list[Path] = []
-    real = _tree.checksum_file
+    real = _read.checksum_file
 
     def checksum_file(path: Path, algorithm: str) -> str:
         hashed.append(Path(path))
         return real(path, algorithm)
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_tree, "checksum_file", checksum_file)
-        m.setattr("atomic_ckpt._verify.checksum_file", checksum_file)
+        m.setattr(_read, "checksum_file", checksum_file)
         with pytest.raises(VerificationError, match="regular file") as info:
             ckpts.verify(5)
     assert info.value.path == ckpt / "model.bin"

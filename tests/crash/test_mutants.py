@@ -1,6 +1,8 @@
 """Protocol mutants: switch one step of the commit protocol off, and the simulation finds it.
 
-Each mutant is a :class:`atomic_ckpt.Protocol` with one step disabled. For
+Each mutant is a :class:`atomic_ckpt.SyncPolicy` with one step disabled
+(:func:`atomic_ckpt.testing.mutant`), or a replace that deletes the old step
+before renaming the new one (``replace="delete"``). For
 each, a small fixed workload where that step matters, and for each crash model
 that can see it, the test asserts that :func:`atomic_ckpt.testing.explore`
 rejects a crash state and names the invariant that broke. The full protocol
@@ -22,8 +24,8 @@ from typing import Literal
 
 import pytest
 
-from atomic_ckpt import MARKER, CheckpointDir, Protocol
-from atomic_ckpt.testing import MODELS, explore
+from atomic_ckpt import MARKER, CheckpointDir
+from atomic_ckpt.testing import MODELS, STEPS, explore, mutant
 
 Replace = Literal["exchange", "aside"]
 
@@ -88,44 +90,34 @@ REMARK = Workload("mark_complete over a legacy empty marker", _legacy_marked, _r
 ADOPT = Workload("write a directory, then mark_complete it", _root_only, _write_then_adopt)
 WORKLOADS = (COMMITS, FIRST_COMMITS, REMARK, ADOPT)
 
-# mutant -> (what is switched off, workload, {model: invariant the simulation reports})
-MUTANTS: dict[str, tuple[dict[str, object], Workload, dict[str, str]]] = {
+# mutant -> (what is switched off: a SyncPolicy step or replace="delete", workload,
+#            {model: invariant the simulation reports})
+MUTANTS: dict[str, tuple[str, Workload, dict[str, str]]] = {
     # A file's data not fsynced: a complete checkpoint with an empty or zeroed file.
-    "fsync_files": (
-        {"fsync_files": False},
-        COMMITS,
-        {"strict": "I1", "ext4": "I1", "subset": "I1"},
-    ),
+    "fsync_files": ("file", COMMITS, {"strict": "I1", "ext4": "I1", "subset": "I1"}),
     # Subdirectories not fsynced: a complete checkpoint whose shards/ lost its entries.
-    "fsync_dirs": ({"fsync_dirs": False}, COMMITS, {"strict": "I1", "subset": "I1"}),
+    "fsync_dirs": ("subdir", COMMITS, {"strict": "I1", "subset": "I1"}),
     # The marker's data not fsynced: an empty or zero-filled marker in a complete step.
-    "fsync_marker": (
-        {"fsync_marker": False},
-        COMMITS,
-        {"strict": "I1", "ext4": "I1", "subset": "I1"},
-    ),
+    "fsync_marker": ("marker", COMMITS, {"strict": "I1", "ext4": "I1", "subset": "I1"}),
     # The manifest written in place over a legacy marker: a torn rewrite makes a
     # complete checkpoint unreadable while it is being re-marked.
-    "marker_via_tmp": ({"marker_via_tmp": False}, REMARK, {"ext4": "I3"}),
+    "marker_via_tmp": ("marker_tmp", REMARK, {"ext4": "I3"}),
     # ... and over a directory adopted just now: an empty marker no one wrote.
-    "marker_via_tmp/adopt": ({"marker_via_tmp": False}, ADOPT, {"ext4": "I1", "subset": "I1"}),
+    "marker_via_tmp/adopt": ("marker_tmp", ADOPT, {"ext4": "I1", "subset": "I1"}),
     # The checkpoint dir not fsynced: the renamed dir has lost its marker or files.
-    "fsync_staging": ({"fsync_staging": False}, COMMITS, {"strict": "I2", "subset": "I1"}),
+    "fsync_staging": ("staging", COMMITS, {"strict": "I2", "subset": "I1"}),
     # ... in mark_complete, where no rename follows: the marker lands before the files.
-    "fsync_staging/adopt": ({"fsync_staging": False}, ADOPT, {"strict": "I2", "subset": "I1"}),
+    "fsync_staging/adopt": ("staging", ADOPT, {"strict": "I2", "subset": "I1"}),
     # The root not fsynced: the rename that commits is lost after commit returned.
-    "fsync_root": ({"fsync_root": False}, COMMITS, {"strict": "I2", "ext4": "I2", "subset": "I2"}),
+    "fsync_root": ("root", COMMITS, {"strict": "I2", "ext4": "I2", "subset": "I2"}),
     # ... and in a new root, whose own entry in its parent is never made durable.
-    "fsync_root/first": (
-        {"fsync_root": False},
-        FIRST_COMMITS,
-        {"strict": "I2", "ext4": "I2", "subset": "I2"},
-    ),
+    "fsync_root/first": ("root", FIRST_COMMITS, {"strict": "I2", "ext4": "I2", "subset": "I2"}),
     # ... and in mark_complete of a directory just written.
-    "fsync_root/adopt": ({"fsync_root": False}, ADOPT, {"strict": "I2", "subset": "I2"}),
+    "fsync_root/adopt": ("root", ADOPT, {"strict": "I2", "subset": "I2"}),
     # Delete the old step, then rename the new one: a window with neither.
-    "replace=delete": ({"replace": "delete"}, COMMITS, {"ext4": "I3", "subset": "I3"}),
+    "replace=delete": ("replace=delete", COMMITS, {"ext4": "I3", "subset": "I3"}),
 }
+
 
 CASES = [
     pytest.param(name, model, invariant, id=f"{name}-{model}")
@@ -134,24 +126,25 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("mutant", "model", "invariant"), CASES)
-def test_simulation_catches_the_mutant(mutant: str, model: str, invariant: str) -> None:
+@pytest.mark.parametrize(("name", "model", "invariant"), CASES)
+def test_simulation_catches_the_mutant(name: str, model: str, invariant: str) -> None:
     """With one protocol step switched off, some crash state breaks the named invariant."""
-    changes, workload, _ = MUTANTS[mutant]
+    off, workload, _ = MUTANTS[name]
     report = explore(
         workload.save,
         setup=workload.setup,
-        protocol=dataclasses.replace(Protocol(), **changes),  # type: ignore[arg-type]
+        sync=None if off == "replace=delete" else mutant(off),
+        replace="delete" if off == "replace=delete" else "exchange",
         models=(model,),
     )
-    assert report.failure is not None, f"{mutant} survived the {model} model: {report}"
+    assert report.failure is not None, f"{name} survived the {model} model: {report}"
     assert report.failure.invariant == invariant, str(report.failure)
 
 
 def test_every_protocol_step_has_a_mutant() -> None:
-    """Every switch of Protocol (each fsync, the marker temp name, the replace mode) is mutated."""
-    switched = {key for changes, _, _ in MUTANTS.values() for key in changes}
-    assert switched == {f.name for f in dataclasses.fields(Protocol)}
+    """Every step of SyncPolicy (each fsync, the marker temp name) and the replace is mutated."""
+    switched = {off for off, _, _ in MUTANTS.values()}
+    assert switched == {*STEPS, "replace=delete"}
     assert all(found for _, _, found in MUTANTS.values())
 
 
@@ -162,7 +155,7 @@ def test_full_protocol_passes_the_mutant_workloads(workload: Workload, replace: 
     report = explore(
         workload.save,
         setup=workload.setup,
-        protocol=Protocol(replace=replace),
+        replace=replace,
         models=MODELS,
     )
     assert report.ok, str(report)
@@ -175,7 +168,7 @@ def test_marker_temp_name_cannot_matter_when_a_rename_commits(workload: Workload
     report = explore(
         workload.save,
         setup=workload.setup,
-        protocol=Protocol(marker_via_tmp=False),
+        sync=mutant("marker_tmp"),
         models=MODELS,
     )
     assert report.ok, str(report)

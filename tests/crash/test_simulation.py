@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import Workload, examples, workloads
 
-from atomic_ckpt import CheckpointDir, Protocol
+from atomic_ckpt import CheckpointDir
 from atomic_ckpt.testing import DataFate, explore, record
 
 Replace = Literal["exchange", "aside"]
@@ -44,7 +44,7 @@ def test_every_crash_state_keeps_the_invariants(
     report = explore(
         workload.save,
         setup=workload.setup,
-        protocol=Protocol(replace=replace),
+        replace=replace,
         prefix=workload.prefix,
         checksum=workload.checksum,
         samples=8,
@@ -91,5 +91,5 @@ def test_fallback_replace_twice_never_restores_the_older_copy() -> None:
         with ckpts.commit(0) as path:
             (path / "model.bin").write_bytes(b"old")
 
-    report = explore(save, setup=setup, protocol=Protocol(replace="aside"), keep_going=True)
+    report = explore(save, setup=setup, replace="aside", keep_going=True)
     assert report.ok, str(report)

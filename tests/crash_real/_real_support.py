@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir, _fs
+from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir, SyncPolicy, _fs
 from atomic_ckpt._names import ROOT_LOCK
 
 SOAK = os.environ.get("ATOMIC_CKPT_SOAK", "").strip() not in ("", "0")
@@ -124,9 +124,15 @@ def commit_save(
         write_files(staging, save_files(seed, save, single=single), hook)
 
 
-def new_dir(root: Path, *, single: bool = False) -> CheckpointDir:
-    """The CheckpointDir the tests use (no checksums in ``single`` mode: one thread only)."""
-    return CheckpointDir(root, checksum=None if single else "crc32", lock_timeout=60)
+def new_dir(root: Path, *, single: bool = False, sync: SyncPolicy | None = None) -> CheckpointDir:
+    """The CheckpointDir the tests use (``single``: no checksums, one thread only)."""
+    return CheckpointDir(
+        root,
+        checksum=None if single else "crc32",
+        lock_timeout=60,
+        workers=1 if single else None,
+        sync=sync,
+    )
 
 
 # ---------------------------------------------------------------- the _fs hook

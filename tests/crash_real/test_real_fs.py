@@ -40,7 +40,8 @@ from _real_support import (
     random_steps,
 )
 
-from atomic_ckpt import MARKER, Protocol
+from atomic_ckpt import MARKER, SyncPolicy
+from atomic_ckpt.testing import mutant
 
 pytestmark = pytest.mark.root
 
@@ -71,10 +72,12 @@ def test_commit_replace_prune_scan(real_fs: Mount) -> None:
             commit_save(ckpts, seed, save)
             check_root(root, seed, plan, save.index + 1)
     FACTS[f"replace path on {real_fs.kind}"] = replace_path(hook)
-    # Junk the scanner must skip: a marked staging dir, an unmarked step, a file.
+    # Junk the scanner must skip: a marked staging dir (with the lock file its killed
+    # writer left, which tells clean() it may go), an unmarked step, a file.
     junk = root / f"9.tmp-{'0' * 32}"
     junk.mkdir()
     (junk / MARKER).write_bytes(b"")
+    (root / f"9.tmp-{'0' * 32}.lock").write_bytes(b"")
     (root / "8").mkdir()
     (root / "10").write_bytes(b"not a checkpoint")
     assert ckpts.steps() == [1, 2, 3, 4, 5]
@@ -85,7 +88,7 @@ def test_commit_replace_prune_scan(real_fs: Mount) -> None:
     removed = ckpts.prune(keep_last=2)
     assert sorted(p.name for p in removed) == ["1", "2", "3"]
     assert ckpts.steps() == [4, 5]
-    assert [p.name for p in ckpts.clean()] == [junk.name]
+    assert [p.name for p in ckpts.clean()] == [junk.name, f"{junk.name}.lock"]
     shutil.rmtree(root / "8")
     (root / "10").unlink()
     assert leftovers(root) == []
@@ -191,9 +194,9 @@ def attempt(action: Callable[[], object], hook: FsHook) -> int | None:
 SHUTDOWN_STEPS = (1, 2, 1, 3)
 WRAPPERS = ("fsync_file", "fsync_dir", "makedirs", "save_write")
 MUTANTS = {
-    "fsync_files": Protocol(fsync_files=False),
-    "fsync_marker": Protocol(fsync_marker=False),
-    "fsync_root": Protocol(fsync_root=False),
+    "fsync_files": mutant("file"),
+    "fsync_marker": mutant("marker"),
+    "fsync_root": mutant("root"),
 }
 """Protocol steps whose absence a shutdown right after the plan shows on ext4 and xfs.
 
@@ -203,13 +206,11 @@ power-loss simulation, which assumes less, catches those.)"""
 
 
 def run_plan(
-    root: Path, seed: int, steps: list[int], hook: FsHook, protocol: Protocol | None = None
+    root: Path, seed: int, steps: list[int], hook: FsHook, sync: SyncPolicy | None = None
 ) -> int:
     """Commit the plan until a commit fails; return how many commits returned."""
     plan = plan_of(steps)
-    ckpts = new_dir(root)
-    if protocol is not None:
-        ckpts._protocol = protocol  # a protocol mutant, as atomic_ckpt.testing makes them
+    ckpts = new_dir(root, sync=sync)
     done = 0
     try:
         with hook.installed():

@@ -43,6 +43,9 @@ CHILD = Path(__file__).with_name("_crash_child.py")
 HOOK_STEPS = (1, 2, 1, 3)
 """new, new, replace of a step that is not the latest, new."""
 SYSCALLS = ("fsync", "rename", "renameat2")
+MODE = {"fsync": "plain", "rename": "fallback", "renameat2": "plain"}
+"""The plan each syscall is killed in: a commit makes no plain rename(2) (the marker is
+written in place, the promotion is renameat2); the move-aside replace makes two."""
 WORKERS = 3
 """Children run concurrently: each spends most of its life starting Python or in fsync."""
 
@@ -192,36 +195,48 @@ def syscalls_of(log: Path, name: str) -> list[str]:
     return [line.rstrip() for line in log.read_text().splitlines() if pattern.match(line)]
 
 
+def mode_args(mode: str) -> tuple[str, ...]:
+    return ("--single", "--fallback") if mode == "fallback" else ("--single",)
+
+
 @pytest.fixture(scope="module")
-def strace_counts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
-    """How many of each syscall one run of the single-threaded plan makes (under strace)."""
+def strace_counts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, int]]:
+    """How many of each syscall one run of the single-threaded plan makes (under strace),
+    with RENAME_EXCHANGE (``plain``) and without it (``fallback``)."""
     if shutil.which("strace") is None:
         pytest.skip("strace not installed (apt-get install strace)")
-    tmp = tmp_path_factory.mktemp("strace-record")
-    log = tmp / "log"
-    r = run(strace_cmd(log, None) + child_cmd(tmp / "root", 5, HOOK_STEPS, "--single"))
-    if r.returncode != 0 and "ptrace" in r.stderr:
-        pytest.skip(f"strace cannot trace here: {r.stderr.strip()}")
-    assert r.returncode == 0, r.stderr
-    assert r.lines[-1] == "done"
-    return {name: len(syscalls_of(log, name)) for name in SYSCALLS}
+    counts: dict[str, dict[str, int]] = {}
+    for mode in ("plain", "fallback"):
+        tmp = tmp_path_factory.mktemp(f"strace-record-{mode}")
+        log = tmp / "log"
+        cmd = strace_cmd(log, None) + child_cmd(tmp / "root", 5, HOOK_STEPS, *mode_args(mode))
+        r = run(cmd)
+        if r.returncode != 0 and "ptrace" in r.stderr:
+            pytest.skip(f"strace cannot trace here: {r.stderr.strip()}")
+        assert r.returncode == 0, r.stderr
+        assert r.lines[-1] == "done"
+        counts[mode] = {name: len(syscalls_of(log, name)) for name in SYSCALLS}
+    return counts
 
 
 @pytest.mark.parametrize("syscall", SYSCALLS)
 def test_sigkill_at_every_syscall_with_strace(
-    tmp_path: Path, strace_counts: dict[str, int], syscall: str
+    tmp_path: Path, strace_counts: dict[str, dict[str, int]], syscall: str
 ) -> None:
     """strace delivers SIGKILL at the Nth fsync/rename/renameat2, for every N: I1-I4 hold."""
-    count = strace_counts[syscall]
-    # 4 commits: file, marker, staging dir and root fsync each; the marker's
-    # rename; a NOREPLACE rename each and one EXCHANGE.
-    assert count >= {"fsync": 16, "rename": 4, "renameat2": 5}[syscall], strace_counts
+    mode = MODE[syscall]
+    count = strace_counts[mode][syscall]
+    # 4 commits: file, marker, staging dir and root fsync each; a NOREPLACE rename
+    # each and one EXCHANGE; without EXCHANGE, the replace moves the old copy aside
+    # with rename(2) (and the first NOREPLACE attempt of the replace fails first).
+    assert count >= {"fsync": 16, "rename": 1, "renameat2": 5}[syscall], strace_counts
 
     def one(n: int) -> Callable[[], None]:
         def job() -> None:
             root, log = tmp_path / f"root-{n}", tmp_path / f"log-{n}"
             inject = f"{syscall}:signal=SIGKILL:when={n}"
-            r = run(strace_cmd(log, inject) + child_cmd(root, 5, HOOK_STEPS, "--single"))
+            cmd = strace_cmd(log, inject) + child_cmd(root, 5, HOOK_STEPS, *mode_args(mode))
+            r = run(cmd)
             assert r.returncode == -signal.SIGKILL, f"{inject}: {r.returncode} {r.stderr}"
             calls = syscalls_of(log, syscall)
             assert len(calls) == n, f"{inject} fired at call {len(calls)}"
