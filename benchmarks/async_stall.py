@@ -23,12 +23,12 @@ import argparse
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from _harness import Stopwatch
 from atomic_ckpt import AsyncCommitter, CheckpointDir
 
 
@@ -61,27 +61,24 @@ def run(method: str, root: Path, args: argparse.Namespace) -> dict[str, float]:
     shutil.rmtree(root, ignore_errors=True)
     ckpts = CheckpointDir(root)
     saver = AsyncCommitter(ckpts) if method == "async" else None
-    in_call = 0.0
-    start = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        train_step(model, opt, batch)
-        if method != "none" and step % args.every == 0:
-            t0 = time.perf_counter()
-            if saver is not None:
-                saver.save(step, state_of(model, opt))
-            else:
-                with ckpts.commit(step) as path:
-                    torch.save(state_of(model, opt), path / "state.pt")
-            in_call += time.perf_counter() - t0
-    loop = time.perf_counter() - start
-    drain = 0.0
+    in_call = Stopwatch()
+    with Stopwatch() as loop:
+        for step in range(1, args.steps + 1):
+            train_step(model, opt, batch)
+            if method != "none" and step % args.every == 0:
+                with in_call:
+                    if saver is not None:
+                        saver.save(step, state_of(model, opt))
+                    else:
+                        with ckpts.commit(step) as path:
+                            torch.save(state_of(model, opt), path / "state.pt")
+    drain = Stopwatch()
     if saver is not None:
-        t0 = time.perf_counter()
-        saver.close()
-        drain = time.perf_counter() - t0
+        with drain:
+            saver.close()
     if method != "none":
         assert ckpts.steps()[-1] == args.steps - args.steps % args.every
-    return {"loop": loop, "in_call": in_call, "drain": drain}
+    return {"loop": loop.seconds, "in_call": in_call.seconds, "drain": drain.seconds}
 
 
 def main() -> None:

@@ -24,15 +24,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-
-def write(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+from _harness import Stopwatch, settle
+from _payloads import write_bytes
 
 
 def rank_main(rank: int, world: int, paths: tuple[str, str, str], mb: int, commits: int) -> None:
@@ -55,14 +48,13 @@ def rank_main(rank: int, world: int, paths: tuple[str, str, str], mb: int, commi
     times = []
     for step in range(commits + 1):  # the first commit warms up (group creation)
         dist.barrier()
-        t0 = time.perf_counter()
-        with distributed_commit(ckpts, step) as path:
-            write(rank_path(path / "shard.bin", rank), data)
+        with Stopwatch() as elapsed, distributed_commit(ckpts, step) as path:
+            write_bytes(rank_path(path / "shard.bin", rank), data, fsync=False)
         if step:
-            times.append(time.perf_counter() - t0)
+            times.append(elapsed.seconds)
         if rank == 0:
             ckpts.prune(keep_last=1)
-            os.sync()  # settle the deletion's writeback outside the timed region
+            settle()  # the deletion's writeback happens outside the timed region
     if rank == 0:
         Path(out).write_text(json.dumps(times))
     dist.destroy_process_group()
@@ -98,12 +90,11 @@ def run_plain(tmp: Path, mb: int, commits: int) -> list[float]:
     data = os.urandom(mb * 2**20)
     times = []
     for step in range(commits):
-        t0 = time.perf_counter()
-        with ckpts.commit(step) as path:
-            write(path / "shard.bin", data)
-        times.append(time.perf_counter() - t0)
+        with Stopwatch() as elapsed, ckpts.commit(step) as path:
+            write_bytes(path / "shard.bin", data, fsync=False)
+        times.append(elapsed.seconds)
         ckpts.prune(keep_last=1)
-        os.sync()  # as for the ranks: the deletion's writeback is not timed
+        settle()  # as for the ranks: the deletion's writeback is not timed
     return times
 
 
