@@ -1,0 +1,228 @@
+"""The crash states a recording allows: which operations each crash model (strict, ext4,
+subset) lets survive at each crash point, the tree that results, and what each step may
+hold there."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeAlias
+
+from ._mirror import _UNIVERSE
+from ._recorder import _Recorder, _Save
+from ._results import MODELS, DataFate, Expectation, Op, Version
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    crash_point: int
+    model: str
+    persisted: frozenset[int]
+    fates: Mapping[int, DataFate]
+    note: str
+
+
+_Flat: TypeAlias = tuple[tuple[str, str, bytes], ...]
+
+
+class _CrashStates:
+    """The operations of a recorded run, and the crash states they allow."""
+
+    def __init__(self, recorder: _Recorder, scratch: Path) -> None:
+        self._rec = recorder
+        self._scratch = scratch
+        self.ops: tuple[Op, ...] = tuple(recorder.ops)
+        self._inodes = recorder.inodes
+        self._root_rel = recorder.rel(recorder.root) or ""
+        # For each op: the index of the first later fsync of its inode.
+        never = len(self.ops) + 1
+        self._next_sync = [never] * len(self.ops)
+        pending: dict[int, list[int]] = {}
+        for op in self.ops:
+            if op.kind == "sync":
+                for i in pending.pop(op.inode, []):
+                    self._next_sync[i] = op.index
+            else:
+                pending.setdefault(op.inode, []).append(op.index)
+
+    # ---- the model
+
+    def covered(self, k: int) -> frozenset[int]:
+        """Operations among the first ``k`` that an fsync among them made durable."""
+        return frozenset(
+            op.index for op in self.ops[:k] if op.kind != "sync" and self._next_sync[op.index] < k
+        )
+
+    def uncovered(self, k: int) -> tuple[int, ...]:
+        """Operations among the first ``k`` that a crash after them may or may not keep."""
+        return tuple(
+            op.index for op in self.ops[:k] if op.kind != "sync" and self._next_sync[op.index] >= k
+        )
+
+    def expectations(self, k: int) -> dict[int, Expectation]:
+        """What each step may show after a crash that lets the first ``k`` operations run."""
+        steps = set(self._rec.initial)
+        for s in self._rec.saves:
+            steps.update(s.steps)
+        out: dict[int, Expectation] = {}
+        for step in sorted(steps):
+            initial = self._rec.initial.get(step)
+            current: list[Version] = [initial] if initial is not None else []
+            every: list[Version] = list(current)
+            required = initial is not None
+            replacing = False
+            for i, s in enumerate(self._rec.saves):
+                if step not in s.steps or s.start > k:
+                    continue
+                if s.kind == "delete":
+                    required = False
+                    continue
+                assert s.tree is not None or s.kind == "mark_complete"
+                if s.tree is None:
+                    continue
+                v = Version(step, f"{s.kind} #{i}", s.tree, s.marker)
+                every.append(v)
+                if s.end is not None and s.end <= k:
+                    current, required, replacing = [v], True, False
+                else:
+                    replacing = replacing or required
+                    current.append(v)
+            stale = tuple(v for v in every if all(v is not c for c in current))
+            out[step] = Expectation(step, tuple(current), stale, required, replacing)
+        return out
+
+    def _context(self, k: int) -> tuple[tuple[int, int], ...]:
+        def status(s: _Save) -> int:
+            if s.start > k:
+                return 0
+            return 2 if s.end is not None and s.end <= k else 1
+
+        return tuple((i, status(s)) for i, s in enumerate(self._rec.saves))
+
+    def _build(self, persisted: Collection[int], fates: Mapping[int, DataFate]) -> _Flat:
+        entries = {i: dict(n.base_entries) for i, n in enumerate(self._inodes) if n.kind == "dir"}
+        data = {i: n.base_data for i, n in enumerate(self._inodes) if n.kind != "dir"}
+        for i in sorted(persisted):
+            op = self.ops[i]
+            if op.kind == "entry":
+                d = entries[op.inode]
+                for name, child in op.effects:
+                    if child is None:
+                        d.pop(name, None)
+                    else:
+                        d[name] = child
+            elif op.kind == "data":
+                fate = fates.get(i, "kept")
+                if fate == "zero":
+                    data[op.inode] = bytes(len(op.data))
+                elif fate == "torn":
+                    data[op.inode] = op.data[: len(op.data) // 2]
+                elif fate == "kept":
+                    data[op.inode] = op.data
+        flat: list[tuple[str, str, bytes]] = []
+        seen: set[int] = set()
+
+        def walk(ino: int, rel: str) -> None:
+            for name in sorted(entries[ino]):
+                child = entries[ino][name]
+                kind = self._inodes[child].kind
+                if kind == "dir":  # a directory hangs in one place only (a file may
+                    if child in seen:  # have several names: hard links)
+                        continue
+                    seen.add(child)
+                path = f"{rel}{name}"
+                if kind == "dir":
+                    flat.append((path, "dir", b""))
+                    walk(child, path + "/")
+                else:
+                    flat.append((path, kind, data[child]))
+
+        walk(_UNIVERSE, "")
+        return tuple(flat)
+
+    def _materialize(self, flat: _Flat) -> Path:
+        top = self._scratch / "state"
+        if top.exists():
+            shutil.rmtree(top)
+        top.mkdir()
+        for path, kind, payload in flat:
+            target = top / path
+            if kind == "dir":
+                target.mkdir()
+            elif kind == "symlink":
+                os.symlink(os.fsdecode(payload), target)
+            else:
+                target.write_bytes(payload)
+        return top / self._root_rel
+
+    # ---- the crash models
+
+    def candidates(
+        self, models: Sequence[str] = MODELS, *, samples: int = 16, seed: int = 0
+    ) -> Iterator[_Candidate]:
+        """Every crash state of the models, crash point by crash point."""
+        unknown = set(models) - set(MODELS)
+        if unknown:
+            raise ValueError(f"unknown crash models {sorted(unknown)}; choose from {MODELS}")
+        rng = random.Random(seed)
+        for k in range(len(self.ops) + 1):
+            covered = self.covered(k)
+            loose = self.uncovered(k)
+            for model in models:
+                if model == "strict":
+                    yield _Candidate(k, "strict", covered, {}, "everything not fsynced lost")
+                elif model == "ext4":
+                    yield from self._ext4(k, covered, loose, rng, samples)
+                else:
+                    yield from self._subset(k, covered, loose, rng, samples)
+
+    def _ext4(
+        self,
+        k: int,
+        covered: frozenset[int],
+        loose: tuple[int, ...],
+        rng: random.Random,
+        samples: int,
+    ) -> Iterator[_Candidate]:
+        last_sync = max((op.index for op in self.ops[:k] if op.kind == "sync"), default=-1)
+        journaled = {i for i in loose if self.ops[i].kind == "entry" and i < last_sync}
+        tail = [i for i in loose if self.ops[i].kind == "entry" and i > last_sync]
+        unsynced = [i for i in loose if self.ops[i].kind == "data"]
+        fates_all: list[DataFate] = ["lost", "kept", "zero", "torn"]
+        for j in range(len(tail) + 1):
+            meta = covered | journaled | set(tail[:j])
+            kept = (
+                f"journal kept metadata ops before #{tail[j]}"
+                if j < len(tail)
+                else ("journal kept every metadata op")
+            )
+            choices: list[dict[int, DataFate]] = [dict.fromkeys(unsynced, f) for f in fates_all]
+            if len(unsynced) > 1:
+                choices += [
+                    {i: rng.choice(fates_all) for i in unsynced}
+                    for _ in range(max(1, samples // 4))
+                ]
+            for fates in choices:
+                persisted = frozenset(meta | {i for i in unsynced if fates[i] != "lost"})
+                yield _Candidate(k, "ext4", persisted, fates, kept)
+
+    def _subset(
+        self,
+        k: int,
+        covered: frozenset[int],
+        loose: tuple[int, ...],
+        rng: random.Random,
+        samples: int,
+    ) -> Iterator[_Candidate]:
+        if not loose:
+            return
+        picks: list[frozenset[int]] = [frozenset(loose)]
+        picks += [frozenset({i}) for i in loose]
+        picks += [frozenset(loose) - {i} for i in loose]
+        picks += [frozenset(i for i in loose if rng.random() < 0.5) for _ in range(samples)]
+        for pick in picks:
+            yield _Candidate(k, "subset", covered | pick, {}, "a subset of unsynced ops kept")
