@@ -4,26 +4,49 @@ Nothing here writes: the scanner does not rename, delete or repair anything
 (that is ``clean()``'s job), and a missing root simply has no checkpoints. A
 root is untrusted input: no directory's contents can make a reader raise
 anything but a verdict on that directory.
+
+Reading is proportional to what is asked for. A scan (``steps()``,
+``checkpoints()``, ``ls``) reads each marker's first line and checks the
+marker's size against it, never the per-file list; :func:`newest` (``latest()``)
+looks at step directories from the highest down and stops at the first complete
+one; a manifest's file list is parsed only when it is used (``verify``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ._errors import ManifestError, VerificationError
-from ._manifest import CHECKSUMS, MAX_MARKER_BYTES, FileEntry, Manifest, checksum_file
-from ._names import MARKER, TMP_INFIX, is_marker_name, parse_step, parse_tmp
-from ._tree import run, walk
+from ._errors import ManifestError
+from ._manifest import (
+    MAGIC,
+    MAX_HEADER_BYTES,
+    MAX_MARKER_BYTES,
+    Manifest,
+)
+from ._names import MARKER, TMP_INFIX, parse_step, parse_tmp
+from ._parse import header_length, parse_header
 
 log = logging.getLogger(__name__)
 
 Status = Literal["complete", "unmarked", "invalid", "staging"]
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``: bytes of the checkpoint's files checked so far, of all."""
+
+PROGRESS_INTERVAL = 0.1
+"""Seconds between two calls of a verify progress callback."""
+
+_PROBE = 4096
+"""The first read of a marker: a version-2 header (without large metadata) fits in it."""
+
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+"""How a marker is opened: never through a symlink, never blocking on a FIFO."""
 
 
 @dataclass(frozen=True)
@@ -52,16 +75,22 @@ class Entry:
     problem: str | None = None
 
 
-def read_marker(directory: Path) -> Manifest | None:
+# ---------------------------------------------------------------- one marker
+
+
+def read_marker(directory: Path, *, body: bool = True) -> Manifest | None:
     """The manifest in ``directory``'s marker; None if there is no marker.
 
     Raises ManifestError if the marker is not a regular file, is too large, or is
-    not a valid manifest.
+    not a valid manifest. A version-2 marker is judged by its header and size;
+    its file list is parsed when ``files`` is first used. With ``body=True`` its
+    bytes are read now (the manifest is a snapshot of the marker as it was); with
+    ``body=False`` (a scan) only the header is read, and ``files`` reads the rest
+    later, failing if the marker was replaced or removed meanwhile.
     """
     marker = directory / MARKER
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(marker, flags)
+        fd = os.open(marker, _FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:  # ELOOP: the marker is a symlink; EISDIR; ...
@@ -69,51 +98,139 @@ def read_marker(directory: Path) -> Manifest | None:
             f"marker {marker} cannot be read: {exc.strerror}", path=marker
         ) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"marker {marker} is not a regular file", path=marker)
-        if st.st_size > MAX_MARKER_BYTES:
-            raise ManifestError(
-                f"marker {marker} is {st.st_size} bytes, more than any manifest "
-                f"({MAX_MARKER_BYTES})",
-                path=marker,
-            )
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_MARKER_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        return Manifest.from_bytes(data)
+        return _read_open(fd, marker, body=body)
     except ManifestError as exc:
         raise ManifestError(f"marker {marker}: {exc}", path=marker) from None
+    finally:
+        os.close(fd)
 
 
-def classify(path: Path, step: int) -> Entry:
-    """Classify one step directory: complete, unmarked or invalid."""
+def _read_open(fd: int, marker: Path, *, body: bool) -> Manifest:
+    size = _regular_size(fd)
+    head = _pread(fd, min(size, _PROBE), 0)
+    if head.startswith(MAGIC) and b"\n" not in head and len(head) < size:
+        head += _pread(fd, min(size, MAX_HEADER_BYTES) - len(head), len(head))
+    n = header_length(head)
+    if n is None:  # version 1, legacy, hand-edited or invalid: parsed whole
+        return Manifest.from_bytes(head if len(head) == size else _pread(fd, size, 0))
+    line = head[:n]
+    fields, header = parse_header(line, size)  # judged before any of the body is read
+    if body or len(head) == size:
+        # One read into one buffer (the few bytes of the first read again, from the
+        # page cache): a megabyte copied twice over costs more than the read.
+        rest = head[n:] if len(head) == size else _pread(fd, size - n, n)
+        return Manifest._lazy(fields, header, rest)
+    return Manifest._lazy(fields, header, _MarkerBody(marker, line))
+
+
+def _regular_size(fd: int) -> int:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ManifestError("it is not a regular file")
+    if st.st_size > MAX_MARKER_BYTES:
+        raise ManifestError(
+            f"it is {st.st_size} bytes, more than any manifest ({MAX_MARKER_BYTES})"
+        )
+    return st.st_size
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    """``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+    parts: list[bytes] = []
+    while n > 0:
+        chunk = os.pread(fd, n, offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        n -= len(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class _MarkerBody:
+    """The body of a version-2 marker that a scan judged by its header alone."""
+
+    marker: Path
+    header: bytes
+    """The header line as the scan read it."""
+
+    def read(self) -> bytes:
+        try:
+            fd = os.open(self.marker, _FLAGS)
+        except OSError as exc:
+            raise ManifestError(
+                f"marker {self.marker} cannot be read ({exc.strerror}): the checkpoint was "
+                "removed or replaced since it was listed; look it up again",
+                path=self.marker,
+            ) from None
+        try:
+            size = _regular_size(fd)
+            if _pread(fd, len(self.header), 0) != self.header:
+                raise ManifestError("it was replaced since it was listed; look it up again")
+            return _pread(fd, size - len(self.header), len(self.header))
+        except ManifestError as exc:
+            raise ManifestError(f"marker {self.marker}: {exc}", path=self.marker) from None
+        finally:
+            os.close(fd)
+
+
+def classify(path: Path, step: int, *, body: bool = True) -> Entry:
+    """Classify one step directory: complete, unmarked or invalid (``body``: see
+    :func:`read_marker`)."""
     try:
-        manifest = read_marker(path)
+        manifest = read_marker(path, body=body)
     except ManifestError as exc:
         return Entry(path.name, path, step, "invalid", problem=str(exc))
     except OSError as exc:
         return Entry(path.name, path, step, "invalid", problem=f"cannot read marker: {exc}")
     if manifest is None:
         return Entry(path.name, path, step, "unmarked")
+    if manifest.step is not None and manifest.step != step:
+        # Moved or copied here by hand: not what was committed as this step. (A named
+        # checkpoint records no step; promote_named() is the supported move.)
+        return Entry(
+            path.name,
+            path,
+            step,
+            "invalid",
+            problem=f"its manifest records step {manifest.step}: it was moved or copied "
+            f"here by hand; move it back, or commit it again as step {step}",
+        )
     return Entry(path.name, path, step, "complete", manifest=manifest)
+
+
+# ---------------------------------------------------------------- a root
+
+
+_LISTINGS = 3
+"""How many times a scan lists the root when entries vanish while it looks at them."""
 
 
 def scan(root: Path, prefix: str, *, include_staging: bool = False) -> list[Entry]:
     """Every step directory of ``root`` (and staging dirs if asked), sorted by step.
 
     Names containing ``.tmp-`` are never steps; symlinks and plain files are
-    never steps; names that are not canonical step names are ignored. A
-    directory that disappears while it is being looked at (a concurrent prune)
-    is left out.
+    never steps; names that are not canonical step names are ignored. Each
+    marker's header is read, not its file list. A directory that disappears
+    while it is being looked at (a concurrent prune) is left out, and the root
+    is listed again (up to three times in all): the save that such a prune
+    follows may have been promoted after the first listing.
     """
+    for _ in range(_LISTINGS):
+        entries, vanished = _scan_once(root, prefix, include_staging=include_staging)
+        if not vanished:
+            break
+    return entries
+
+
+def _scan_once(root: Path, prefix: str, *, include_staging: bool) -> tuple[list[Entry], bool]:
     try:
         it = os.scandir(root)
     except (FileNotFoundError, NotADirectoryError):
-        return []
+        return [], False
     out: list[Entry] = []
+    vanished = False
     with it:
         for de in it:
             if TMP_INFIX in de.name:
@@ -130,12 +247,13 @@ def scan(root: Path, prefix: str, *, include_staging: bool = False) -> list[Entr
             step = parse_step(de.name, prefix)
             if step is None or not de.is_dir(follow_symlinks=False):
                 continue
-            entry = classify(Path(de.path), step)
+            entry = classify(Path(de.path), step, body=False)
             if entry.status == "unmarked" and not os.path.isdir(entry.path):
-                continue  # deleted since the listing
+                vanished = True  # deleted since the listing
+                continue
             out.append(entry)
     out.sort(key=lambda e: (e.step if e.step is not None else -1, e.status != "staging", e.name))
-    return out
+    return out, vanished
 
 
 def complete(root: Path, prefix: str, warned: set[Path]) -> list[Checkpoint]:
@@ -144,98 +262,70 @@ def complete(root: Path, prefix: str, warned: set[Path]) -> list[Checkpoint]:
     for e in scan(root, prefix):
         if e.status == "complete" and e.step is not None and e.manifest is not None:
             result.append(Checkpoint(e.step, e.path, e.manifest))
-        elif e.path not in warned:
-            warned.add(e.path)
-            if e.status == "unmarked":
-                log.warning(
-                    "skipping %s: it has no %s marker, so it may be incomplete; if it was "
-                    "written completely before atomic_ckpt, adopt it with "
-                    "`atomic-ckpt mark-complete %s`",
-                    e.path,
-                    MARKER,
-                    e.path,
-                )
-            else:
-                log.warning("skipping %s: %s", e.path, e.problem)
+        else:
+            _warn_skipped(e, warned)
     return result
 
 
-def verify(ckpt: Checkpoint, *, workers: int) -> None:
-    """Check every entry of ``ckpt``'s manifest against the disk, and that nothing was added.
+def newest(root: Path, prefix: str, warned: set[Path]) -> Iterator[Checkpoint]:
+    """The complete checkpoints of ``root``, highest step first, each read when it is due.
 
-    Raises one :class:`VerificationError` listing every problem (missing, wrong
-    type, size or checksum, unexpected entries). A legacy (empty) marker has
-    nothing to check against.
+    The root's names are listed and sorted; a candidate is looked at (lstat,
+    marker) only when every higher step has been found incomplete (warned once
+    each) or was passed over by the caller. Each
+    manifest is a snapshot (its marker read whole). If a candidate vanishes
+    meanwhile (a concurrent prune), the root is listed again once the listing
+    is used up (up to three times in all), for steps it did not show before.
     """
-    m = ckpt.manifest
-    if m.legacy:
+    seen: set[int] = set()
+    for _ in range(_LISTINGS):
+        try:
+            names = os.listdir(root)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        # Highest step first without parsing every name: canonical step names (no
+        # leading zeros, one prefix) order by length, then lexicographically. Two
+        # sorts in C; names are parsed one by one only until a complete step is found.
+        names.sort(reverse=True)
+        names.sort(key=len, reverse=True)
+        vanished = False
+        for name in names:
+            step = parse_step(name, prefix)
+            if step is None or step in seen:
+                continue
+            path = root / name
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                vanished = True  # (not seen: a fallback replace may bring it back)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                continue  # symlinks and files are never steps
+            e = classify(path, step)
+            if e.status == "unmarked" and not os.path.isdir(path):
+                vanished = True
+                continue
+            seen.add(step)
+            if e.status == "complete" and e.manifest is not None:
+                yield Checkpoint(step, path, e.manifest)
+            else:
+                _warn_skipped(e, warned)
+        if not vanished:
+            return
+
+
+def _warn_skipped(e: Entry, warned: set[Path]) -> None:
+    if e.path in warned:
         return
-    found: list[tuple[Path, str]] = []  # (the path at fault, what is wrong)
-    if m.step is not None and m.step != ckpt.step:
-        found.append(
-            (ckpt.path, f"manifest records step {m.step}, but the directory is step {ckpt.step}")
+    warned.add(e.path)
+    if e.status == "unmarked":
+        log.warning(
+            "skipping %s: it has no %s marker, so it may be incomplete; if it was "
+            "written completely before atomic_ckpt, adopt it with "
+            "`atomic-ckpt mark-complete %s`",
+            e.path,
+            MARKER,
+            e.path,
         )
-    algorithm = m.checksum
-    if algorithm is not None and algorithm not in CHECKSUMS:
-        found.append((ckpt.path, f"cannot check checksums of algorithm {algorithm!r} here"))
-        algorithm = None
-    jobs = [functools.partial(check_entry, ckpt.path, e, algorithm) for e in m.files]
-    for entry, problem in zip(m.files, run(jobs, workers), strict=True):
-        if problem is not None:
-            found.append((ckpt.path / entry.path, problem))
-    listed = {e.path for e in m.files}
-    try:
-        extra = [rel for rel, _ in walk(ckpt.path, is_marker_name) if rel not in listed]
-    except OSError as exc:
-        extra = []
-        found.append((ckpt.path, f"cannot list the checkpoint: {exc}"))
-    found += [(ckpt.path / rel, "not in the manifest (added after the commit)") for rel in extra]
-    if found:
-        problems = tuple(f"{path}: {why}" for path, why in found)
-        more = f" (and {len(found) - 1} more: see .problems)" if len(found) > 1 else ""
-        raise VerificationError(
-            problems[0] + more, path=found[0][0], step=ckpt.step, problems=problems
-        )
-
-
-def check_entry(top: Path, entry: FileEntry, algorithm: str | None) -> str | None:
-    """Why ``entry`` does not match what is on disk under ``top``, or None if it does."""
-    current = top
-    for part in entry.path.split("/")[:-1]:  # never follow a symlink on the way
-        current = current / part
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            return "missing (its directory is gone)"
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{part} on its path is not a directory"
-    target = top / entry.path
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return "missing"
-    except OSError as exc:
-        return f"cannot be read: {exc.strerror}"
-    if entry.type == "dir":
-        return None if stat.S_ISDIR(st.st_mode) else "should be a directory"
-    if entry.type == "symlink":
-        if not stat.S_ISLNK(st.st_mode):
-            return "should be a symlink"
-        actual = os.readlink(target)
-        return (
-            None
-            if actual == entry.target
-            else f"symlink points to {actual!r}, not {entry.target!r}"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        return "should be a regular file"
-    if st.st_size != entry.size:
-        return f"size is {st.st_size}, manifest says {entry.size}"
-    if algorithm is not None and entry.checksum is not None:
-        try:
-            actual = checksum_file(target, algorithm)
-        except OSError as exc:
-            return f"cannot be read: {exc.strerror}"
-        if actual != entry.checksum:
-            return f"{algorithm} checksum is {actual}, manifest says {entry.checksum}"
-    return None
+    else:
+        log.warning("skipping %s: %s", e.path, e.problem)

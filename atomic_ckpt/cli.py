@@ -13,9 +13,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from . import (
     CheckpointDir,
@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print JSON")
     c = root_cmd("clean", "remove staging dirs left by crashed or killed saves")
     c.add_argument("--dry-run", action="store_true", help="only show what would be removed")
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="also remove NAME.tmp-<32 hex> entries that carry no evidence atomic_ckpt made "
+        "them (e.g. a staging dir whose lock file a power loss dropped)",
+    )
     c = sub.add_parser(
         "mark-complete",
         help="adopt a checkpoint directory written without atomic_ckpt",
@@ -138,9 +144,8 @@ def _on_disk(path: Path) -> tuple[int, int, float]:
 def _row(e: Entry) -> dict[str, Any] | None:
     """One line of ``ls``; None for an entry deleted since the listing."""
     if e.manifest is not None and not e.manifest.legacy:
-        m = e.manifest
-        files = sum(1 for f in m.files if f.type == "file")
-        size, created = m.total_size, m.created
+        m = e.manifest  # counts from the marker's header: its file list is never parsed
+        files, size, created = m.file_count, m.total_size, m.created
     else:
         try:
             files, size, created = _on_disk(e.path)
@@ -194,9 +199,15 @@ def _verify(args: argparse.Namespace) -> int:
     steps = [args.step] if args.step is not None else ckpts.steps()
     if not steps:
         raise _Failure(f"no complete checkpoint in {ckpts.root}", EXIT_NONE)
+    show = not args.json and sys.stderr.isatty()
     results: list[dict[str, Any]] = []
     for step in steps:
-        results.append(_verify_one(ckpts, step, listed=listed))
+        bar = _ProgressBar(f"step {step}", sys.stderr) if show else None
+        try:
+            results.append(_verify_one(ckpts, step, listed=listed, progress=bar))
+        finally:
+            if bar is not None:
+                bar.close()
     if args.json:
         print(json.dumps(results, indent=1))
     else:
@@ -211,12 +222,18 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r["ok"] for r in results) else EXIT_NONE
 
 
-def _verify_one(ckpts: CheckpointDir, step: int, *, listed: bool) -> dict[str, Any]:
+def _verify_one(
+    ckpts: CheckpointDir,
+    step: int,
+    *,
+    listed: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Verify one step. A step listed a moment ago that a live run deleted (or replaced)
     meanwhile is reported as gone (or verified again), never as FAILED."""
     for attempt in (1, 2):
         try:
-            ckpt = ckpts.verify(step)
+            ckpt = ckpts.verify(step, progress=progress)
             return {
                 "step": step,
                 "ok": True,
@@ -235,9 +252,63 @@ def _verify_one(ckpts: CheckpointDir, step: int, *, listed: bool) -> dict[str, A
     return result
 
 
+class _ProgressBar:
+    """One self-overwriting line on a terminal: a bar, bytes done of total, rate and ETA.
+
+    Called as a verify progress callback; ``close()`` erases the line, so what
+    follows (the verdict, on stdout) starts on a clean one. The line fits the
+    terminal's width (a wrapped line could not be overwritten).
+    """
+
+    WIDTH = 24
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self._label = label
+        self._stream = stream
+        self._start = time.monotonic()
+        self._shown = 0
+        try:
+            columns = os.get_terminal_size(stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):  # not a real terminal (tests)
+            columns = 0
+        self._columns = columns if columns > 0 else 80  # a pty may report 0: unknown
+
+    def __call__(self, done: int, total: int) -> None:
+        elapsed = time.monotonic() - self._start
+        fraction = done / total if total else 1.0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        if done >= total:
+            eta = "done"
+        elif rate > 0:
+            eta = "ETA " + _clock((total - done) / rate)
+        else:
+            eta = "ETA --:--"
+        head = f"{self._label}: "
+        tail = f" {fraction:4.0%} {_human(done)} / {_human(total)}  {_human(int(rate))}/s  {eta}"
+        width = min(self.WIDTH, self._columns - 1 - len(head) - len(tail) - 2)
+        filled = int(width * fraction)
+        bar = f"[{'#' * filled}{'-' * (width - filled)}]" if width >= 5 else ""
+        line = (head + bar + tail)[: max(self._columns - 1, 1)]
+        self._stream.write("\r" + line.ljust(self._shown))
+        self._stream.flush()
+        self._shown = len(line)
+
+    def close(self) -> None:
+        if self._shown:
+            self._stream.write("\r" + " " * self._shown + "\r")
+            self._stream.flush()
+            self._shown = 0
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 def _clean(args: argparse.Namespace) -> int:
     ckpts = CheckpointDir(args.root, prefix=args.prefix)
-    removed = ckpts.clean(dry_run=args.dry_run)
+    removed = ckpts.clean(dry_run=args.dry_run, force=args.force)
     verb = "would remove" if args.dry_run else "removed"
     for path in removed:
         print(f"{verb} {path}")

@@ -17,7 +17,7 @@ from atomic_ckpt import (
     CheckpointError,
     CheckpointNotFoundError,
     VerificationError,
-    _read,
+    _verify,
 )
 
 FILES = {
@@ -86,10 +86,34 @@ def test_internal_symlink_unchanged_verifies_even_if_dangling(
     ckpts: CheckpointDir, tmp_path: Path
 ) -> None:
     """A recorded symlink verifies by its target string; it is never followed."""
+    outside = tmp_path / "outside"
+    write(outside, {"secret.bin": b"s" * 10, "sub/deep.bin": b"d"})
     with ckpts.commit(1) as path:
+        write(path, {"real.bin": b"r"})
         (path / "dangling").symlink_to(tmp_path / "does-not-exist")
-        (path / "outside").symlink_to("/")
-    ckpts.verify(1)
+        (path / "root").symlink_to("/")
+        (path / "dirlink").symlink_to(outside)  # walked into, it would add unlisted files
+        (path / "filelink").symlink_to(outside / "secret.bin")
+    hashed: list[Path] = []
+    real = _verify.checksum_file
+
+    def checksum_file(path: Path, algorithm: str) -> str:
+        hashed.append(Path(path))
+        return real(path, algorithm)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_verify, "checksum_file", checksum_file)
+        result = ckpts.verify(1)
+    assert result == ckpts.get(1)
+    assert (result.step, result.path) == (1, ckpts.path_of(1))
+    links = {e.path: e.target for e in result.manifest.files if e.type == "symlink"}
+    assert links == {
+        "dangling": str(tmp_path / "does-not-exist"),
+        "root": "/",
+        "dirlink": str(outside),
+        "filelink": str(outside / "secret.bin"),
+    }
+    assert hashed == [ckpts.path_of(1) / "real.bin"]  # the wrapper was hit, by the file only
 
 
 # ---------------------------------------------------------------- what is detected
@@ -179,10 +203,12 @@ def test_retargeted_symlink_is_detected(ckpts: CheckpointDir, ckpt: Path) -> Non
 
 
 def test_manifest_of_another_step_is_detected(ckpts: CheckpointDir, ckpt: Path) -> None:
-    """A marker copied from another step's directory does not verify."""
+    """A checkpoint copied from another step's directory is not complete: verify() and
+    the scanner agree (its manifest records step 5)."""
     shutil.copytree(ckpt, ckpts.root / "6")
-    with pytest.raises(VerificationError, match="step 5"):
+    with pytest.raises(CheckpointNotFoundError, match="records step 5"):
         ckpts.verify(6)
+    assert ckpts.steps() == [5]
 
 
 # ---------------------------------------------------------------- never follow a link
@@ -197,14 +223,14 @@ def test_file_replaced_by_a_symlink_to_an_identical_copy_fails(
     (ckpt / "model.bin").unlink()
     (ckpt / "model.bin").symlink_to(copy)
     hashed: list[Path] = []
-    real = _read.checksum_file
+    real = _verify.checksum_file
 
     def checksum_file(path: Path, algorithm: str) -> str:
         hashed.append(Path(path))
         return real(path, algorithm)
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_read, "checksum_file", checksum_file)
+        m.setattr(_verify, "checksum_file", checksum_file)
         with pytest.raises(VerificationError, match="regular file") as info:
             ckpts.verify(5)
     assert info.value.path == ckpt / "model.bin"

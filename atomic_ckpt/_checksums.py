@@ -1,0 +1,130 @@
+"""The checksum registry: the algorithms a manifest may name, as functions of an
+open file, and the reading loop they share (one reused buffer per thread)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import zlib
+from collections.abc import Callable
+from typing import Protocol
+
+_CHUNK = 1 << 20
+"""Read size for hashing: big enough to amortize the syscall, small enough to stay in cache."""
+
+
+# ---------------------------------------------------------------- checksums
+
+
+class _Hasher(Protocol):
+    def update(self, data: memoryview, /) -> object: ...
+
+    def hexdigest(self) -> str: ...
+
+
+class _Crc32:
+    """zlib.crc32 with hashlib's interface."""
+
+    def __init__(self) -> None:
+        self._crc = 0
+
+    def update(self, data: memoryview, /) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+
+    def hexdigest(self) -> str:
+        return f"{self._crc:08x}"
+
+
+def _xxh3() -> _Hasher:
+    import xxhash  # on first use only: importing atomic_ckpt stays cheap
+
+    _HASHERS["xxh3_128"] = xxhash.xxh3_128  # later calls skip this function
+    hasher: _Hasher = xxhash.xxh3_128()
+    return hasher
+
+
+_HASHERS: dict[str, Callable[[], _Hasher]] = {
+    "crc32": _Crc32,
+    "sha256": hashlib.sha256,
+    "xxh3_128": _xxh3,
+}
+
+
+def checksum_fd(fd: int, algorithm: str, on_read: Callable[[int], None] | None = None) -> str:
+    """The checksum of the open regular file ``fd`` (read from its offset to the end).
+
+    ``on_read(n)`` is called after each read of ``n`` bytes (verify's progress).
+    """
+    hasher = _HASHERS[algorithm]()
+    buf, view = _buffer()
+    size = 0
+    while n := os.readv(fd, [buf]):
+        hasher.update(view[:n])
+        size += n
+        if on_read is not None:
+            on_read(n)
+    _local.hashed = size
+    return hasher.hexdigest()
+
+
+def hashed_size() -> int | None:
+    """The size of the file the last :func:`checksum_file` call of this thread hashed (the
+    bytes it read up to the end), or None if that call did not get that far.
+
+    Lets verify check a file's size without an lstat of its own: on a few cores,
+    one syscall (and GIL handoff) less per file was ~10% of a cold read of 1,000
+    small files on 32 threads.
+    """
+    size: int | None = getattr(_local, "hashed", None)
+    return size
+
+
+_local = threading.local()
+
+
+def _buffer() -> tuple[bytearray, memoryview]:
+    """This thread's read buffer, made once: allocating (and zeroing) one per file cost
+    more than hashing a 64 KiB file (xxh3: ~1 us), and a fstat to size it, more again."""
+    try:
+        found: tuple[bytearray, memoryview] = _local.buffer
+    except AttributeError:
+        buf = bytearray(_CHUNK)
+        found = _local.buffer = (buf, memoryview(buf))
+    return found
+
+
+def _checksum_of(algorithm: str) -> Callable[[int], str]:
+    return lambda fd: checksum_fd(fd, algorithm)
+
+
+CHECKSUMS: dict[str, Callable[[int], str]] = {name: _checksum_of(name) for name in _HASHERS}
+"""Supported checksum algorithms: name -> function of an open fd (read from offset 0)."""
+
+
+def checksum_file(
+    path: str | os.PathLike[str],
+    algorithm: str,
+    *,
+    on_read: Callable[[int], None] | None = None,
+) -> str:
+    """The checksum of a regular file, never following a symlink.
+
+    ``on_read(n)`` is called after each read of ``n`` bytes.
+    """
+    _local.hashed = None
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        if algorithm not in _HASHERS:  # an algorithm registered in CHECKSUMS later
+            return CHECKSUMS[algorithm](fd)
+        return checksum_fd(fd, algorithm, on_read)
+    finally:
+        os.close(fd)
+
+
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | os.O_NONBLOCK  # a FIFO put in a file's place reads as empty, never blocks
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
