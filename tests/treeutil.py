@@ -37,3 +37,18 @@ def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
             st = os.lstat(p)
             out[p.relative_to(root).as_posix()] = (st.st_mode, st.st_size, st.st_mtime_ns)
     return out
+
+
+def unmarked(root: Path, name: str) -> Path:
+    """A directory with files but no marker (a legacy or interrupted save)."""
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "model.bin").write_bytes(b"maybe truncated")
+    return path
+
+
+def with_marker(root: Path, name: str, marker: bytes = b"") -> Path:
+    """:func:`unmarked` with a marker holding ``marker`` (empty: a legacy marker)."""
+    path = unmarked(root, name)
+    (path / MARKER).write_bytes(marker)
+    return path
