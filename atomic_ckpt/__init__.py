@@ -37,9 +37,11 @@ from ._errors import (
     RootNotWritableError,
     StagingLostError,
     StepConflictError,
+    UnmarkedCheckpointsError,
     VerificationError,
 )
 from ._manifest import FileEntry, Manifest
+from ._named import NamedCheckpoint
 from ._names import BEST_LINK, MARKER, TMP_INFIX, parse_step
 from ._read import Checkpoint, Entry
 from ._retention import RetentionPolicy
@@ -87,6 +89,7 @@ __all__ = [
     "InvalidStepError",
     "Manifest",
     "ManifestError",
+    "NamedCheckpoint",
     "NoSync",
     "NotDurableError",
     "RetentionPolicy",
@@ -94,6 +97,7 @@ __all__ = [
     "StagingLostError",
     "StepConflictError",
     "SyncPolicy",
+    "UnmarkedCheckpointsError",
     "VerificationError",
     "__version__",
     "commit",

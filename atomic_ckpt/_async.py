@@ -59,6 +59,7 @@ def _unobserved_failures_at_exit() -> None:
             f"for it (call AsyncCommitter.close() before exiting): {error!r}",
             file=sys.stderr,
         )
+    logging.shutdown()  # os._exit skips the atexit handlers registered before this one
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)

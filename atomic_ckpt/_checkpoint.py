@@ -12,19 +12,26 @@ import errno
 import logging
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, SupportsIndex
 
-from . import _adopt, _commit, _read, _repair
+from . import _adopt, _commit, _delete, _read, _repair, _verify
+from ._checksums import CHECKSUMS, checksum_file
 from ._commit import Commit
-from ._errors import CheckpointNotFoundError, InvalidRootError, VerificationError
-from ._manifest import CHECKSUMS, FileEntry, checksum_file
+from ._errors import (
+    CheckpointNotFoundError,
+    InvalidRootError,
+    UnmarkedCheckpointsError,
+    VerificationError,
+)
+from ._manifest import FileEntry
 from ._names import MARKER, NAME_MAX, TMP_INFIX, is_marker_name
 from ._read import Checkpoint, Entry
 from ._retention import RetentionPolicy
 from ._root import Root, check_step, resolve
 from ._sync import NoSync, SyncPolicy
+from ._trainer_ops import TrainerOps
 from ._tree import DEFAULT_WORKERS, sync_tree
 
 log = logging.getLogger(__name__)
@@ -32,7 +39,7 @@ log = logging.getLogger(__name__)
 PathLike = str | os.PathLike[str]
 
 
-class CheckpointDir:
+class CheckpointDir(TrainerOps):
     """A directory of checkpoints, one subdirectory per step, committed atomically.
 
     ``root`` is created at the first commit; reading a missing root means "no
@@ -128,7 +135,12 @@ class CheckpointDir:
     # ------------------------------------------------------------------ reading
 
     def checkpoints(self) -> list[Checkpoint]:
-        """Every complete checkpoint, by ascending step."""
+        """Every complete checkpoint, by ascending step.
+
+        Each marker's header is read, not its file list: a manifest's ``files``
+        is read when first used, and raises ManifestError if that checkpoint was
+        removed or replaced meanwhile (:meth:`get` it again).
+        """
         return _read.complete(self.root, self.prefix, self._root.warned)
 
     def steps(self) -> list[int]:
@@ -138,21 +150,52 @@ class CheckpointDir:
     def latest(self, *, verify: bool = False) -> Checkpoint | None:
         """The complete checkpoint with the highest step, or None.
 
-        With ``verify=True``, the newest one whose files match its manifest: a
-        newer one that does not is skipped with a warning naming it and why.
+        Step directories are examined from the highest down, and the search stops
+        at the first complete one: usually one marker is read, however many
+        checkpoints the root holds. With ``verify=True``, the newest one whose
+        files match its manifest: a newer one that does not is skipped with a
+        warning naming it and why.
         """
-        found = self.checkpoints()
-        if not verify:
-            return found[-1] if found else None
-        for ckpt in reversed(found):
+        for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
+            if not verify:
+                return ckpt
             try:
                 return self.verify(ckpt.step)
             except (VerificationError, CheckpointNotFoundError) as exc:
                 log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
         return None
 
+    def resume_point(self, *, verify: bool = False, fresh: bool = False) -> Checkpoint | None:
+        """The checkpoint a restarted job resumes from: :meth:`latest` (``verify`` as
+        there), or None for a fresh start.
+
+        A fresh start is refused with :class:`~atomic_ckpt.UnmarkedCheckpointsError`
+        when the root holds step directories without a marker (written before
+        atomic_ckpt) and no complete checkpoint: adopt them with ``atomic-ckpt
+        mark-complete``, or pass ``fresh=True`` to start over deliberately.
+        """
+        found = self.latest(verify=verify)
+        if found is not None or fresh:
+            return found
+        unmarked = tuple(e.path for e in self.entries() if e.status == "unmarked")
+        if unmarked:
+            shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
+            raise UnmarkedCheckpointsError(
+                f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
+                f"marker ({shown}) and no complete checkpoint. If they were written "
+                f"completely, adopt them: `atomic-ckpt mark-complete {unmarked[-1]}` (each "
+                "one); to start from scratch anyway, pass fresh=True (--fresh)",
+                path=self.root,
+                paths=unmarked,
+            )
+        return None
+
     def get(self, step: SupportsIndex) -> Checkpoint:
-        """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete."""
+        """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete.
+
+        Reads that step's marker only (whole: its manifest is a snapshot, unaffected
+        by a later replace or delete).
+        """
         step = check_step(step)
         path = self.root / f"{self.prefix}{step}"
         try:
@@ -184,16 +227,24 @@ class CheckpointDir:
             )
         return Checkpoint(step, path, entry.manifest)
 
-    def verify(self, step: SupportsIndex) -> Checkpoint:
+    def verify(
+        self, step: SupportsIndex, *, progress: Callable[[int, int], None] | None = None
+    ) -> Checkpoint:
         """Check the checkpoint's files against its manifest; return it if they match.
 
-        Every entry is checked (present, type, size, checksum; files in parallel)
-        and the directory must hold nothing the manifest does not list. Raises one
+        Every entry is checked (present, type, size, checksum; files in parallel
+        on :attr:`workers` threads, each read once) and the directory must hold
+        nothing the manifest does not list. Raises one
         :class:`~atomic_ckpt.VerificationError` whose ``problems`` list every
-        mismatch. A legacy (empty) marker verifies presence only.
+        mismatch; a damaged marker (its file list fails its CRC-32) is one too.
+        A legacy (empty) marker verifies presence only.
+
+        ``progress(done, total)`` is called in this thread with the bytes checked
+        so far and the total: at the start, about ten times a second, and at the
+        end with ``done == total``.
         """
         ckpt = self.get(step)
-        _read.verify(ckpt, workers=self.workers)
+        _verify.verify(ckpt, workers=self.workers, progress=progress)
         return ckpt
 
     def entries(self, *, include_staging: bool = False) -> list[Entry]:
@@ -229,6 +280,7 @@ class CheckpointDir:
         *,
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
+        aliases: Collection[str] = (),
     ) -> Commit:
         """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
 
@@ -236,7 +288,7 @@ class CheckpointDir:
         ``commit.abort()``); or use the handle as a context manager. For code that
         cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
         """
-        return _commit.begin(self._root, step, metadata=metadata, retain=retain)
+        return _commit.begin(self._root, step, metadata=metadata, retain=retain, aliases=aliases)
 
     @contextlib.contextmanager
     def commit(
@@ -245,6 +297,7 @@ class CheckpointDir:
         *,
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
+        aliases: Collection[str] = (),
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
 
@@ -253,9 +306,11 @@ class CheckpointDir:
         replacing an existing one. On an exception the staging directory is
         removed, nothing else is touched, and the exception propagates.
         ``metadata`` (a JSON object) is stored in the manifest. ``retain`` is
-        applied once the new checkpoint is durable.
+        applied once the new checkpoint is durable. ``aliases`` are symlinks in the
+        root (``epoch3_step1200 -> 1200``) pointed at the checkpoint with its
+        promotion; deleting the step removes them.
         """
-        with self.begin(step, metadata=metadata, retain=retain) as handle:
+        with self.begin(step, metadata=metadata, retain=retain, aliases=aliases) as handle:
             yield handle.path
 
     def mark_complete(self, step: SupportsIndex) -> Checkpoint:
@@ -267,16 +322,19 @@ class CheckpointDir:
         """
         return _adopt.adopt(self._root, step)
 
-    def clean(self, *, dry_run: bool = False) -> list[Path]:
+    def clean(self, *, dry_run: bool = False, force: bool = False) -> list[Path]:
         """Remove what crashed or killed saves left behind; return what was (or would be) removed.
 
         Removes orphaned staging dirs, old copies and their lock files: only
         entries this library made (whatever the prefix). A staging dir whose
         writer is alive (it holds the lock) is never touched. An old copy moved
         aside by the fallback replace whose step is now missing is renamed back
-        instead (logged, not returned).
+        instead (logged, not returned). ``force`` also removes entries of the
+        library's form (``<name>.tmp-<32 hex>``) that carry no evidence that it made
+        them, such as a staging dir whose lock file a power loss dropped; use it
+        only where no other tool names files that way.
         """
-        return _repair.clean(self._root, dry_run=dry_run)
+        return _repair.clean(self._root, dry_run=dry_run, force=force)
 
     def prune(self, *, keep_last: int) -> list[Path]:
         """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
@@ -322,8 +380,23 @@ class CheckpointDir:
             )
         elif any(v is not None for v in (keep_last, keep_every, keep_best, metric)):
             raise TypeError("pass a RetentionPolicy or its options, not both")
-        return _repair.retain(self._root, policy)
+        return _delete.retain(self._root, policy)
 
     def best(self) -> Checkpoint | None:
         """The complete checkpoint the ``checkpoint_best`` symlink names, or None."""
-        return _repair.read_best(self._root)
+        return _delete.read_best(self._root)
+
+    def set_best(self, step: SupportsIndex) -> Checkpoint:
+        """Point ``checkpoint_best`` at the complete checkpoint of ``step``, atomically and
+        durably (CheckpointNotFoundError if it is not complete)."""
+        return _delete.set_best(self._root, check_step(step))
+
+    def delete(self, step: SupportsIndex, *, force: bool = False) -> Path:
+        """Delete the complete checkpoint of ``step`` durably; return its path.
+
+        It disappears at once (renamed out of sight, the rename made durable), then
+        its files are removed, the marker first; its aliases go too. The step
+        ``checkpoint_best`` names is refused (StepConflictError) unless ``force``,
+        which removes the pointer as well. The latest step may be deleted.
+        """
+        return _delete.delete(self._root, check_step(step), force=force)

@@ -8,28 +8,29 @@ numbers the steps. Which fsyncs reach the disk is the root's
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import stat
 import time
+import weakref
+from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, SupportsIndex
 
-from . import _fs, _locks, _repair
+from . import _delete, _fs, _locks, _repair, _stage
 from ._errors import (
     CommitStateError,
     NotDurableError,
     StagingLostError,
-    StepConflictError,
 )
 from ._manifest import FileEntry, Manifest, check_metadata
 from ._names import (
+    MARKER,
     TAG_OLD,
     is_marker_name,
-    lock_name,
-    new_token,
     parse_tmp,
     tmp_name,
 )
@@ -60,12 +61,14 @@ class Commit:
     def __init__(
         self,
         root: Root,
-        step: int,
+        step: int | None,
+        name: str,
         staging: Path,
         lock: _locks.Lock,
         *,
         metadata: dict[str, Any],
         retain: RetentionPolicy | None,
+        aliases: list[str],
     ) -> None:
         self._root = root
         self._lock = lock
@@ -74,22 +77,33 @@ class Commit:
         self._promoted = False
         self._old: Path | None = None
         self._checkpoint: Checkpoint | None = None
-        self.step = step
-        """The step being committed (an ``int``)."""
+        self._step = step
+        self.name = name
+        """The directory name it is committed under (the step's, or the checkpoint's name)."""
         self.path = staging
         """The staging directory: write the checkpoint's files here."""
-        self.final = root.path / root.name_of(step)
+        self.final = root.path / name
         """Where the checkpoint appears once published."""
         self.metadata = metadata
         """The manifest's metadata: a dict that may change until :meth:`publish`."""
         self.retain = retain
         """A retention policy applied once the commit is durable, or None."""
+        self.aliases = aliases
+        """Symlinks in the root that will name the checkpoint (replaced with the promotion)."""
         # Holding the staging dir open pins its identity (its inode cannot be reused),
         # so a save that deletes it and makes a new one is always noticed.
         self._fd: int | None = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _OPEN[(root.path, name)] = self
 
     def __repr__(self) -> str:
-        return f"Commit(step={self.step}, path={str(self.path)!r}, state={self._state!r})"
+        return f"Commit({self.name!r}, path={str(self.path)!r}, state={self._state!r})"
+
+    @property
+    def step(self) -> int:
+        """The step being committed (CommitStateError for a named checkpoint's commit)."""
+        if self._step is None:
+            raise CommitStateError(f"the commit of {self.name!r} is a named one: it has no step")
+        return self._step
 
     @property
     def state(self) -> State:
@@ -107,61 +121,85 @@ class Commit:
         """
         if self._state == "published" and self._checkpoint is not None:
             return self._checkpoint
+        if self._step is None:
+            raise CommitStateError(
+                f"the commit of {self.name!r} is a named one: it ends with commit_named()",
+                path=self.path,
+            )
+        manifest = self.finish(files)
+        checkpoint = self._checkpoint = Checkpoint(self.step, self.final, manifest)
+        return checkpoint
+
+    def finish(self, files: list[FileEntry] | None = None) -> Manifest:
+        """:meth:`publish` for any commit (named ones too); returns the manifest written."""
         self._require_open("publish")
         try:
             self._check_staging()
             metadata = check_metadata(self.metadata)
-            checkpoint = self._protocol(files, metadata)
+            manifest = self._protocol(files, metadata)
         except BaseException as exc:
             self._fail(exc)
             raise
         self._state = "published"
-        self._checkpoint = checkpoint
         if self.retain is not None:
             try:
-                _repair.retain(self._root, self.retain)
+                _delete.retain(self._root, self.retain)
             except BaseException as exc:
                 exc.add_note(
-                    f"atomic_ckpt: step {self.step} was committed and is durable; only "
+                    f"atomic_ckpt: {self.name} was committed and is durable; only "
                     "applying the retention policy failed"
                 )
                 raise
-        return checkpoint
+        return manifest
 
-    def _protocol(self, files: list[FileEntry] | None, metadata: dict[str, Any]) -> Checkpoint:
+    def _protocol(self, files: list[FileEntry] | None, metadata: dict[str, Any]) -> Manifest:
         """The commit protocol, PROTOCOL.md steps 3 to 7, in order."""
         root, sync, staging, final = self._root, self._root.sync, self.path, self.final
-        # 3. fsync every regular file and subdirectory of the tree. (The staging dir
-        #    itself is fsynced once, after the marker is in place: that one fsync makes
-        #    every entry of it durable.) A multi-rank commit passes ``files``: its ranks
-        #    have done this step for what each wrote.
+        written: list[Manifest] = []
+
+        def write_marker(entries: list[FileEntry]) -> None:
+            # 4. The marker: the manifest, its data fsynced (written in place: nothing
+            #    in a staging dir is visible before the rename); then fsync the staging
+            #    dir, which makes every entry of it durable, the marker's among them.
+            manifest = Manifest(
+                step=self._step,
+                files=tuple(entries),
+                created=time.time(),
+                library_version=__version__,
+                checksum=root.checksum,
+                metadata=metadata,
+            )
+            sync.marker(staging, manifest.to_bytes(), tmp=None)
+            sync.staging(staging)
+            written.append(manifest)
+
+        # 3. fsync every regular file and subdirectory of the tree, hashing the files;
+        #    step 4 runs as soon as the checksums are known, while the flushes may still
+        #    be in flight (the rename waits for both). A multi-rank commit passes
+        #    ``files``: its ranks have done step 3 for what each wrote.
         if files is None:
-            files = sync_tree(
+            sync_tree(
                 staging,
                 policy=sync,
                 checksum=root.checksum,
                 workers=root.workers,
                 skip=is_marker_name,
+                then=write_marker,
             )
-        # 4. The marker: the manifest, its data fsynced (written in place: nothing in
-        #    a staging dir is visible before the rename); then fsync the staging dir.
-        manifest = Manifest(
-            step=self.step,
-            files=tuple(files),
-            created=time.time(),
-            library_version=__version__,
-            checksum=root.checksum,
-            metadata=metadata,
-        )
-        sync.marker(staging, manifest.to_bytes(), tmp=None)
-        sync.staging(staging)
+        else:
+            write_marker(files)
+        (manifest,) = written
         # 5. Promote, under the root lock: rename (a new step) or exchange (a replace).
         with root.locked():
             _repair.restore_asides(root)
-            check_target(final, self.step)
-            old = self._old = promote(root, staging, final)
+            _stage.check_target(final, self._step)
+            _delete.check_aliases_free(root, self.aliases)  # before anything changes
+            old = self._old = _stage.promote(root, staging, final)
             self._promoted = True
-            # 6. fsync the root: this makes the rename itself durable.
+            # The aliases follow the rename at once (a crash between the two leaves an
+            # alias missing or naming this step's older version, never dangling).
+            _delete.point_aliases(root, self.aliases, final.name)
+            # 6. fsync the root: this makes the rename (and the aliases) durable.
             try:
                 sync.root(root.path)
             except OSError as exc:
@@ -171,7 +209,7 @@ class Commit:
                     + (f"The old copy is kept at {old} for clean(). " if old else "")
                     + "Check the disk, then commit this step again",
                     path=final,
-                    step=self.step,
+                    step=self._step,
                 ) from exc
         # 7. Remove the old copy, if any: it sits under a name the scanner ignores.
         if old is not None:
@@ -179,8 +217,20 @@ class Commit:
                 _fs.remove_tree(old)
             except OSError as exc:
                 log.warning("could not remove old copy %s (%s); clean() will", old, exc)
-        self._close(leaving=old)
-        return Checkpoint(self.step, final, manifest)
+        try:
+            self._close(leaving=old)
+        except OSError as exc:
+            # The root fsync returned, but the filesystem fails the next call: some
+            # (xfs after a forced shutdown) report success for an fsync they could
+            # not make durable. Say so rather than claim durability.
+            raise NotDurableError(
+                f"checkpoint {final} was promoted, but the filesystem failed right after "
+                f"({exc}): it may not survive a power loss. Check the disk, then commit "
+                "this step again",
+                path=final,
+                step=self._step,
+            ) from exc
+        return manifest
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Give the commit up: remove the staging directory, touch nothing else.
@@ -191,7 +241,7 @@ class Commit:
         """
         if self._state != "open" or os.getpid() != self._pid:
             return
-        carrier = exc if exc is not None else CommitStateError("aborted", step=self.step)
+        carrier = exc if exc is not None else CommitStateError("aborted", step=self._step)
         self._fail(carrier)
         notes = getattr(carrier, "__notes__", None)
         if exc is None and notes:
@@ -220,18 +270,18 @@ class Commit:
     def _require_open(self, what: str) -> None:
         if os.getpid() != self._pid:
             raise CommitStateError(
-                f"cannot {what} the commit of step {self.step}: it belongs to process "
+                f"cannot {what} the commit of {self.name}: it belongs to process "
                 f"{self._pid}, and this is process {os.getpid()} (forked inside the commit). "
                 "Only the process that began a commit may publish or abort it; "
                 "end a forked child with os._exit()",
                 path=self.path,
-                step=self.step,
+                step=self._step,
             )
         if self._state != "open":
             raise CommitStateError(
-                f"cannot {what} the commit of step {self.step}: it was already {self._state}",
+                f"cannot {what} the commit of {self.name}: it was already {self._state}",
                 path=self.path,
-                step=self.step,
+                step=self._step,
             )
 
     def _check_staging(self) -> None:
@@ -250,7 +300,7 @@ class Commit:
                 "the save function must write inside it, not move or delete it. "
                 "Nothing was committed",
                 path=self.path,
-                step=self.step,
+                step=self._step,
             )
 
     def _fail(self, exc: BaseException) -> None:
@@ -289,13 +339,29 @@ class Commit:
     def _close(self, *, leaving: Path | None) -> None:
         """Close the pinned staging dir and release the staging lock; its file stays
         while ``leaving`` is left behind without a manifest (the evidence for clean())."""
+        if _OPEN.get((self._root.path, self.name)) is self:
+            del _OPEN[(self._root.path, self.name)]
         fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-        if leaving is None:
-            self._lock.release(remove=True)
-        else:
-            _repair.release_leaving(self._lock, leaving)
+        try:
+            if fd is not None:
+                os.close(fd)
+        finally:
+            if leaving is None:
+                self._lock.release(remove=True)
+            else:
+                _delete.release_leaving(self._lock, leaving)
+
+
+_OPEN: weakref.WeakValueDictionary[tuple[Path, str], Commit] = weakref.WeakValueDictionary()
+"""This process's open commits, by (root, directory name): see :func:`open_commit`."""
+
+
+def open_commit(root: Root, name: str) -> Commit | None:
+    """This process's open commit of the checkpoint ``name`` in ``root``, or None."""
+    commit = _OPEN.get((root.path, name))
+    if commit is None or commit.state != "open" or commit._pid != os.getpid():
+        return None
+    return commit
 
 
 def begin(
@@ -304,89 +370,50 @@ def begin(
     *,
     metadata: object = None,
     retain: RetentionPolicy | None = None,
+    aliases: Collection[str] = (),
 ) -> Commit:
-    """Steps 1 and 2 of the protocol: take a staging lock, create the staging dir."""
+    """Steps 1 and 2 of the protocol for ``step``: take a staging lock, create the staging dir."""
     step = check_step(step)
     name = root.name_of(step)
+    return begin_as(root, step, name, metadata=metadata, retain=retain, aliases=aliases)
+
+
+def begin_as(
+    root: Root,
+    step: int | None,
+    name: str,
+    *,
+    metadata: object = None,
+    retain: RetentionPolicy | None = None,
+    aliases: Collection[str] = (),
+) -> Commit:
+    """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
+    if isinstance(aliases, str):
+        raise TypeError("aliases must be a collection of names, not one string")
+    alias_list = [_delete.check_alias(root, a) for a in aliases]
     meta = check_metadata(metadata)
     root.ensure()
     final = root.path / name
-    check_target(final, step)
-    # 1. The staging lock first, then the directory: clean() never sees a live
-    #    save unlocked. (A cleaner that claims the lock file in the instant before
-    #    we lock it deletes it; create() notices and we take another token.)
-    lock: _locks.Lock | None = None
-    while lock is None:
-        token = new_token()
-        try:
-            lock = _locks.create(root.path / lock_name(name, token))
-        except OSError as exc:
-            raise root.wrap(exc) from exc
-    staging = root.path / tmp_name(name, token)
-    try:
-        _fs.mkdir(staging)  # 0o777 & ~umask, like any mkdir
-        return Commit(root, step, staging, lock, metadata=meta, retain=retain)
-    except BaseException as exc:
-        lock.release(remove=True)
-        if isinstance(exc, OSError):
-            raise root.wrap(exc) from exc
-        raise
-
-
-def check_target(final: Path, step: int) -> None:
-    """Refuse a step whose name is taken by something that is not a directory."""
-    try:
-        st = os.lstat(final)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise StepConflictError(
-            f"{final} exists and is {kind}, so step {step} cannot be committed there; "
-            "move it away first",
-            path=final,
-            step=step,
+    _stage.check_target(final, step)
+    if os.path.isdir(final) and _stage.read_marker_or_none(final) is None:
+        log.warning(
+            "committing over %s, which has no %s marker (written before atomic_ckpt, or by "
+            "a save that crashed): the new checkpoint replaces it",
+            final,
+            MARKER,
         )
-
-
-def promote(root: Root, staging: Path, final: Path) -> Path | None:
-    """Step 5: move ``staging`` to ``final``; return where the old copy went, if any."""
+    # 1. The staging lock first, then the directory: clean() never sees a live save
+    #    unlocked.
+    staging, lock = _stage.make_staging(root, name)
     try:
-        _fs.rename_noreplace(staging, final)
-        return None
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        if exc.errno != errno.ENOTEMPTY:
-            raise
-    try:
-        _fs.rename_exchange(staging, final)
-        return staging
-    except OSError as exc:
-        if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
-            raise
-        log.info("RENAME_EXCHANGE unsupported here (%s); replacing by moving aside", exc)
-    # The fallback: move the old copy aside under a .tmp-old- name, then promote.
-    # Between the two renames there is no N/; a crash there leaves the aside copy
-    # *and* this staging dir, which is how clean() knows to rename the old copy back
-    # (see _repair.is_restorable).
-    tmp = parse_tmp(staging.name)
-    assert tmp is not None
-    aside = root.path / tmp_name(final.name, tmp.token, TAG_OLD)
-    # The staging dir's entry must be durable before the old copy moves: without it,
-    # a power loss could keep the move and lose the staging dir, and the old copy
-    # would not be recognized as restorable.
-    root.sync.root(root.path)
-    _fs.rename(final, aside)
-    try:
-        _fs.rename_noreplace(staging, final)
-    except BaseException as exc:
+        return Commit(
+            root, step, name, staging, lock, metadata=meta, retain=retain, aliases=alias_list
+        )
+    except BaseException as exc:  # e.g. EMFILE pinning the directory: leave nothing
+        with contextlib.suppress(OSError):
+            _fs.remove_tree(staging)
         try:
-            _fs.rename(aside, final)
-        except OSError as undo:
-            exc.add_note(
-                f"atomic_ckpt: moving the old copy back to {final} also failed ({undo!r}); "
-                f"it is intact at {aside}, and clean() renames it back"
-            )
+            lock.release(remove=True)
+        except OSError as cleanup:
+            exc.add_note(f"atomic_ckpt: removing {lock.path} also failed: {cleanup!r}")
         raise
-    return aside

@@ -89,6 +89,25 @@ class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
 
 
+class UnmarkedCheckpointsError(CheckpointError, FileExistsError):
+    """A resume found step directories without a marker and no complete checkpoint.
+
+    Starting from scratch there would train over (and soon replace) checkpoints
+    written before atomic_ckpt. ``paths`` lists them.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        step: int | None = None,
+        paths: tuple[Path, ...] = (),
+    ) -> None:
+        super().__init__(message, path=path, step=step)
+        self.paths = paths
+
+
 class CommitStateError(CheckpointError, RuntimeError):
     """A commit handle used when it cannot be: already published or aborted, or from a
     process other than the one that began it (a child forked inside the ``with`` block)."""

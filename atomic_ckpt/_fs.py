@@ -34,13 +34,16 @@ __all__ = [
     "fsync_dir",
     "fsync_fd",
     "fsync_file",
+    "link_or_copy",
     "makedirs",
     "mkdir",
     "remove_tree",
     "rename",
     "rename_exchange",
     "rename_noreplace",
+    "symlink",
     "symlink_replace",
+    "unlink",
     "write_file_durable",
 ]
 
@@ -175,12 +178,18 @@ def rename(src: Path, dst: Path) -> None:
 def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool) -> None:
     """Write ``data`` to ``path``: through ``tmp`` (fsynced, then renamed) when given.
 
-    The directory holding ``path`` is not fsynced here; the caller does it once.
-    If anything fails, ``tmp`` is removed (a stray temporary is never left behind)
-    and ``path`` is untouched.
+    The file is always a new one (``O_EXCL | O_NOFOLLOW``): without ``tmp``,
+    whatever sat at ``path`` is unlinked first, so a hard link, a symlink or a FIFO
+    planted there is replaced, never written through. The directory holding
+    ``path`` is not fsynced here; the caller does it once. If anything fails,
+    ``tmp`` is removed (a stray temporary is never left behind).
     """
     target = tmp if tmp is not None else path
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    if tmp is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(target, flags, 0o666)
     try:
         try:
             view = memoryview(data)
@@ -199,9 +208,49 @@ def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool)
         raise
 
 
+_NO_LINK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+"""errnos meaning "this filesystem (or this file) cannot take another hard link"."""
+
+
+def link_or_copy(src: Path, dst: Path) -> bool:
+    """Make ``dst`` a hard link to the regular file ``src``, or a copy where the
+    filesystem refuses links; True if it had to copy (the copy is not fsynced here).
+
+    Never follows a symlink at ``src``.
+    """
+    try:
+        os.link(src, dst, follow_symlinks=False)
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd_in = os.open(src, flags)
+    try:
+        fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            while os.sendfile(fd_out, fd_in, None, 1 << 30):
+                pass
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+    return True
+
+
 def mkdir(path: Path) -> None:
     """Create one directory; its mode follows the umask, like any ``mkdir``."""
     os.mkdir(path)
+
+
+def unlink(path: Path) -> None:
+    """Remove one file or symlink (never a directory)."""
+    os.unlink(path)
+
+
+def symlink(target: str, link: Path) -> None:
+    """Create the symlink ``link`` pointing at ``target`` (never followed here)."""
+    os.symlink(target, link)
 
 
 def symlink_replace(target: str, link: Path, tmp: Path) -> None:

@@ -39,11 +39,12 @@ _POLL = (0.001, 0.05)
 class Lock:
     """A held lock: an open descriptor of ``path`` with an exclusive flock on it."""
 
-    __slots__ = ("_fd", "path")
+    __slots__ = ("_fd", "_pid", "path")
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._pid = os.getpid()
 
     def release(self, *, remove: bool = False) -> None:
         """Release the lock; with ``remove``, first unlink its file (while still holding it).
@@ -58,7 +59,7 @@ class Lock:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
         finally:
-            os.close(fd)  # closing the last descriptor drops the flock
+            _unlock(fd, self._pid)
 
     def __del__(self) -> None:
         # A lock dropped without release() (an error path that lost it) still frees
@@ -66,10 +67,25 @@ class Lock:
         fd, self._fd = getattr(self, "_fd", None), None
         if fd is not None:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                _unlock(fd, self._pid)
 
     def __repr__(self) -> str:
         return f"Lock({str(self.path)!r}, held={self._fd is not None})"
+
+
+def _unlock(fd: int, owner: int) -> None:
+    """Drop the flock and close ``fd``.
+
+    The flock belongs to the open file description, which a child forked while
+    the lock was held shares: closing our descriptor alone would leave the lock
+    held for as long as the child lives. So the owner unlocks explicitly; a
+    forked child only closes its copy (unlocking there would free the parent's).
+    """
+    try:
+        if os.getpid() == owner:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _still_named(path: Path, fd: int) -> bool:

@@ -9,33 +9,29 @@ already moved out of sight runs outside it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
 from pathlib import Path
 
-from . import _fs, _locks
-from ._errors import CheckpointNotFoundError, ManifestError
+from . import _delete, _fs, _locks
+from ._errors import (
+    ManifestError,
+)
 from ._names import (
-    BEST_LINK,
     LOCK_SUFFIX,
-    TAG_DELETE,
+    MARKER_TMP_PREFIX,
     TAG_OLD,
     TMP_INFIX,
     lock_name,
-    new_token,
-    parse_step,
     parse_tmp,
     tmp_name,
 )
-from ._read import Checkpoint, classify, complete, read_marker
-from ._retention import RetentionPolicy
+from ._read import read_marker
 from ._root import Root
 
 log = logging.getLogger(__name__)
-
-Moved = list[tuple[Path, Path, _locks.Lock]]
-"""Checkpoints moved out of sight: (original path, aside path, the token lock held)."""
 
 
 # --------------------------------------------------------------------------- the fallback window
@@ -55,7 +51,7 @@ def is_restorable(root: Root, path: Path) -> bool:
     base = root.path
     if (
         os.path.lexists(base / tmp.name)
-        or not (base / tmp_name(tmp.name, tmp.token)).is_dir()
+        or not os.path.isdir(base / tmp_name(tmp.name, tmp.token))
         or _locks.is_held(base / lock_name(tmp.name, tmp.token))
     ):
         return False
@@ -102,21 +98,18 @@ def _is_ours(root: Root, tokens: dict[str, list[Path]], token: str, path: Path) 
 
     The evidence: its token's lock file (every writer and deleter creates one
     first, and leaves it behind when it dies), a manifest of ours inside it, or
-    the name of the best pointer's temporary link. A foreign ``x.tmp-<hex>``
-    entry has none of these.
+    the name of the best pointer's or an alias's temporary link. A foreign
+    ``x.tmp-<hex>`` entry has none of these.
     """
     lock = next((p for p in tokens[token] if p.name.endswith(LOCK_SUFFIX)), None)
-    if lock is not None:
-        try:
-            if stat.S_ISREG(os.lstat(lock).st_mode):
-                return True
-        except FileNotFoundError:
-            pass
-    tmp = parse_tmp(path.name)
-    if tmp is not None and tmp.name == BEST_LINK and path.is_symlink():
-        return True
     try:
-        manifest = read_marker(path) if path.is_dir() and not path.is_symlink() else None
+        if lock is not None and stat.S_ISREG(os.lstat(lock).st_mode):
+            return True
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            tmp = parse_tmp(path.name)
+            return tmp is not None and not tmp.is_lock and tmp.tag == ""
+        manifest = read_marker(path) if stat.S_ISDIR(st.st_mode) else None
     except (ManifestError, OSError):
         return False
     return manifest is not None and not manifest.legacy
@@ -131,17 +124,19 @@ def _tokens(root: Root) -> dict[str, list[Path]]:
     return groups
 
 
-def orphans(root: Root, *, dry_run: bool) -> list[tuple[Path, _locks.Lock | None]]:
+def orphans(
+    root: Root, *, dry_run: bool, force: bool = False
+) -> list[tuple[Path, _locks.Lock | None]]:
     """Entries left by dead writers, each with its claimed token lock (call under the root
-    lock unless ``dry_run``). Restores the fallback's interrupted replaces first."""
+    lock unless ``dry_run``). Restores the fallback's interrupted replaces first.
+    ``force``: also entries of the library's form without evidence that it made them."""
     restore_asides(root, dry_run=dry_run)
     groups = _tokens(root)
     found: list[tuple[Path, _locks.Lock | None]] = []
     for token, paths in groups.items():
-        ours = [p for p in paths if _is_ours(root, groups, token, p)]
+        ours = paths if force else [p for p in paths if _is_ours(root, groups, token, p)]
         if not ours:
-            if paths:
-                log.info("leaving %s alone: atomic_ckpt did not make it", paths[0])
+            log.info("leaving %s alone: nothing shows that atomic_ckpt made it", paths[0])
             continue
         tmp = parse_tmp(ours[0].name)
         assert tmp is not None
@@ -150,182 +145,85 @@ def orphans(root: Root, *, dry_run: bool) -> list[tuple[Path, _locks.Lock | None
             if not _locks.is_held(lock_path):
                 found += [(p, None) for p in ours if not is_restorable(root, p)]
             continue
-        lock = _locks.try_acquire(lock_path)
+        try:
+            lock = _locks.try_acquire(lock_path)
+        except OSError as exc:  # a directory or a symlink at the lock's name: not ours
+            log.warning(
+                "leaving %s alone: its lock %s cannot be taken (%s)", ours[0], lock_path, exc
+            )
+            continue
         if lock is None:
             continue  # a live writer holds it
-        found += [(p, lock) for p in ours]
-        if lock_path in paths and lock_path not in ours:
+        found += [(p, lock) for p in ours if p != lock_path]
+        if lock_path in paths:
             found.append((lock_path, lock))
     return found
 
 
-def clean(root: Root, *, dry_run: bool) -> list[Path]:
+def clean(root: Root, *, dry_run: bool, force: bool = False) -> list[Path]:
     """Remove what crashed or killed saves left behind; see ``CheckpointDir.clean``."""
-    if not root.path.is_dir():
+    if not os.path.isdir(root.path):
         return []
     if dry_run:
         # Only reads: takes no lock of its own, so it works on a read-only root
         # (and may list a save that finishes meanwhile).
-        return [path for path, _ in orphans(root, dry_run=True)]
+        return [path for path, _ in orphans(root, dry_run=True, force=force)] + marker_temps(root)
     # Claim the orphans (their token locks) under the root lock, then delete them
-    # outside it, so a slow deletion never stalls a commit's promotion.
+    # outside it, so a slow deletion never stalls a commit's promotion. The root is
+    # fsynced first: an orphan may be the old copy of an exchange whose writer died
+    # before its own root fsync, and removing that copy before the exchange is
+    # durable could lose both versions in a power loss.
     with root.locked():
-        claimed = orphans(root, dry_run=False)
+        claimed = orphans(root, dry_run=False, force=force)
+        stale = marker_temps(root)
+        for path in stale:  # a marker rewrite (adopt, amend, promote) killed midway
+            with contextlib.suppress(FileNotFoundError):
+                _fs.unlink(path)
+        if claimed:
+            try:
+                root.sync.root(root.path)
+            except BaseException:
+                _release_all(claimed, remove=False)
+                raise
     removed: list[Path] = []
-    locks = {id(lock): lock for _, lock in claimed if lock is not None}
     try:
         for path, lock in claimed:
             if lock is None or lock.path != path:
                 _fs.remove_tree(path)
             removed.append(path)
-    finally:
-        for lock in locks.values():
-            lock.release(remove=True)
-    return removed
-
-
-# --------------------------------------------------------------------------- deleting
-
-
-def move_aside(root: Root, paths: list[Path]) -> Moved:
-    """Move checkpoint directories out of sight, durably (call under the root lock).
-
-    Each gets a token lock and a ``N.tmp-del-<t>`` name; the root is fsynced
-    once. A path that is already gone is skipped.
-    """
-    moved: Moved = []
-    try:
-        for path in paths:
-            lock = None
-            while lock is None:
-                token = new_token()
-                lock = _locks.create(root.path / lock_name(path.name, token))
-            aside = root.path / tmp_name(path.name, token, TAG_DELETE)
-            try:
-                _fs.rename(path, aside)
-            except FileNotFoundError:
-                lock.release(remove=True)
-                continue
-            except BaseException:
-                lock.release(remove=True)  # nothing was moved: leave no lock file behind
-                raise
-            moved.append((path, aside, lock))
-        if moved:
-            root.sync.root(root.path)
+        # The removals durable before the lock files (their evidence) go.
+        root.sync.root(root.path)
     except BaseException:
-        # What was moved is out of sight, intact (its marker tells clean() it is ours).
-        for _, aside, lock in moved:
-            release_leaving(lock, aside)
+        for path, lock in claimed:
+            if lock is not None and lock.path != path and path not in removed:
+                _delete.release_one(lock, leaving=path)
+        _release_all(claimed, remove=False)
         raise
-    return moved
+    _release_all(claimed, remove=True)
+    return removed + stale
 
 
-def release_leaving(lock: _locks.Lock, leftover: Path) -> None:
-    """Release a token's lock, leaving ``leftover`` behind for ``clean()``.
+def marker_temps(root: Root) -> list[Path]:
+    """Marker temporaries left inside checkpoints by a marker rewrite that died midway.
 
-    The lock file is removed only if ``leftover`` is gone or still holds our
-    manifest: otherwise (a removal that failed after the marker went) the lock
-    file is the only evidence that lets ``clean()`` remove it.
+    Every rewrite (``mark_complete``, a metadata-only ``amend``, ``promote_named``)
+    writes its temporary under the root lock, so one found under the lock is dead.
     """
-    try:
-        manifest = read_marker(leftover) if os.path.lexists(leftover) else None
-        keep = os.path.lexists(leftover) and (manifest is None or manifest.legacy)
-    except (ManifestError, OSError):
-        keep = True
-    lock.release(remove=not keep)
+    found: list[Path] = []
+    with os.scandir(root.path) as it:
+        dirs = [
+            de.path for de in it if TMP_INFIX not in de.name and de.is_dir(follow_symlinks=False)
+        ]
+    for directory in dirs:
+        try:
+            with os.scandir(directory) as it:
+                found += [Path(de.path) for de in it if de.name.startswith(MARKER_TMP_PREFIX)]
+        except OSError:
+            continue
+    return sorted(found)
 
 
-def remove_moved(moved: Moved) -> list[Path]:
-    """Remove what :func:`move_aside` moved (outside the root lock); the original paths."""
-    try:
-        for _, aside, _ in moved:
-            _fs.remove_tree(aside)
-    except BaseException:
-        for _, aside, lock in moved:
-            release_leaving(lock, aside)  # clean() finishes the removal
-        raise
-    for _, _, lock in moved:
-        lock.release(remove=True)
-    return [path for path, _, _ in moved]
-
-
-# --------------------------------------------------------------------------- the best pointer
-
-
-def best_step(root: Root) -> int | None:
-    """The step ``checkpoint_best`` names, or None (no link, or not a step name)."""
-    try:
-        target = os.readlink(root.path / BEST_LINK)
-    except OSError:  # missing, not a symlink, or a name too long
-        return None
-    # A checkpoint root is untrusted input: only a plain sibling name counts.
-    if "/" in target or os.sep in target:
-        return None
-    return parse_step(target, root.prefix)
-
-
-def read_best(root: Root) -> Checkpoint | None:
-    """The complete checkpoint ``checkpoint_best`` names, or None."""
-    step = best_step(root)
-    if step is None:
-        return None
-    path = root.path / root.name_of(step) if _fits(root, step) else None
-    entry = classify(path, step) if path is not None and path.is_dir() else None
-    if entry is None or entry.manifest is None or path is None or path.is_symlink():
-        log.warning("%s names no complete checkpoint", root.path / BEST_LINK)
-        return None
-    return Checkpoint(step, path, entry.manifest)
-
-
-def _fits(root: Root, step: int) -> bool:
-    try:
-        root.name_of(step)
-    except ValueError:
-        return False
-    return True
-
-
-def set_best_locked(root: Root, ckpt: Checkpoint) -> None:
-    """Point ``checkpoint_best`` at ``ckpt`` atomically and durably (under the root lock).
-
-    A new symlink under a ``.tmp-`` name (which ``clean()`` removes if we crash)
-    is renamed over the old one, then the root is fsynced.
-    """
-    tmp = root.path / tmp_name(BEST_LINK, new_token())
-    _fs.symlink_replace(ckpt.path.name, root.path / BEST_LINK, tmp)
-    root.sync.root(root.path)
-
-
-def require_complete(root: Root, step: int) -> Checkpoint:
-    """The complete checkpoint of ``step`` (read under the caller's lock)."""
-    path = root.path / root.name_of(step)
-    entry = classify(path, step) if path.is_dir() and not path.is_symlink() else None
-    if entry is None or entry.manifest is None:
-        raise CheckpointNotFoundError(
-            f"no complete checkpoint for step {step} in {root.path}", path=path, step=step
-        )
-    return Checkpoint(step, path, entry.manifest)
-
-
-# --------------------------------------------------------------------------- retention
-
-
-def retain(root: Root, policy: RetentionPolicy) -> list[Path]:
-    """Apply ``policy``: move the best pointer (durably), then delete what it does not keep.
-
-    The plan is made and carried out under the root lock, so a concurrent
-    ``retain()`` cannot point ``checkpoint_best`` at a checkpoint this one is
-    deleting; only the removal of what was moved aside runs after it.
-    """
-    if not root.path.is_dir():
-        return []
-    with root.locked():
-        found = complete(root.path, root.prefix, root.warned)
-        current = best_step(root)
-        plan = policy.plan(found, protect=current)
-        if plan.best is not None and plan.best.step != current:
-            set_best_locked(root, plan.best)
-            # The old target is protected no longer; plan again without it.
-            plan = policy.plan(found, protect=plan.best.step)
-        moved = move_aside(root, [c.path for c in plan.delete])
-    return remove_moved(moved)
+def _release_all(claimed: list[tuple[Path, _locks.Lock | None]], *, remove: bool) -> None:
+    """Release every distinct lock of ``claimed``; a failure is logged, never stops the loop."""
+    for lock in {id(lock): lock for _, lock in claimed if lock is not None}.values():
+        _delete.release_one(lock, remove=remove)

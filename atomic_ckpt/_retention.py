@@ -5,7 +5,7 @@ A :class:`RetentionPolicy` keeps the union of its rules (the last ``k``, every
 and always the latest checkpoint and the one ``checkpoint_best`` names. Its
 :meth:`~RetentionPolicy.plan` does no I/O; carrying a plan out (first the best
 pointer moves, durably, then the checkpoints it no longer protects are deleted,
-each moved out of sight durably before it is removed) is ``_repair.retain``'s
+each moved out of sight durably before it is removed) is ``_delete.retain``'s
 job, under the root lock.
 """
 
@@ -40,6 +40,9 @@ class RetentionPolicy:
       Giving ``metric`` alone means ``keep_best=1``. With a metric, retaining
       also points the ``checkpoint_best`` symlink at the best one.
 
+    * ``delete=False``: delete nothing, only point ``checkpoint_best`` at the best
+      checkpoint by ``metric`` (a policy that only points).
+
     The latest checkpoint and the one ``checkpoint_best`` names are always kept.
     Checkpoints whose metadata lacks the metric (or holds a non-finite or
     non-numeric value) are never "best"; the other rules still apply to them.
@@ -50,6 +53,7 @@ class RetentionPolicy:
     keep_best: int | None = None
     metric: str | None = None
     mode: Mode = "min"
+    delete: bool = True
 
     def __post_init__(self) -> None:
         _positive("keep_last", self.keep_last)
@@ -61,6 +65,8 @@ class RetentionPolicy:
             raise ValueError(f"metric must be a non-empty metadata key, got {self.metric!r}")
         if self.keep_best is not None and self.metric is None:
             raise ValueError("keep_best needs metric= (the metadata key to rank by)")
+        if not self.delete and self.metric is None:
+            raise ValueError("a policy that deletes nothing (delete=False) needs metric=")
         if self.keep_last is None and self.keep_every is None and self.metric is None:
             raise ValueError(
                 "a retention policy needs at least one of keep_last, keep_every, metric"
@@ -97,6 +103,8 @@ class RetentionPolicy:
             ranked = [c for _, c in scored]
             keep.update(c.step for c in ranked[: self.keep_best or 1])
             best = ranked[0] if ranked else None
+        if not self.delete:
+            return Plan(best=best)
         return Plan(delete=[c for c in found if c.step not in keep], best=best)
 
 

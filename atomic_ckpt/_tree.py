@@ -12,13 +12,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._manifest import FileEntry, checksum_file
+from ._checksums import checksum_file
+from ._manifest import FileEntry
 
 if TYPE_CHECKING:  # at run time this module imports nothing that writes: _read uses it
     from ._sync import SyncPolicy
@@ -29,8 +32,6 @@ DEFAULT_WORKERS = 32
 """Threads for fsync and hashing. fsync blocks in the kernel without the GIL, so
 many in flight let the disk merge work (1,000 small files here: 1 thread 221 ms,
 16 threads 120 ms, 32 threads 110 ms; see benchmarks/fsync_overhead.py)."""
-_SPLIT = 8 << 20
-"""Files at least this big are hashed in a job of their own, beside their fsync."""
 
 _T = TypeVar("_T")
 
@@ -65,18 +66,22 @@ def sync_tree(
     checksum: str | None,
     workers: int = DEFAULT_WORKERS,
     skip: Callable[[str], bool] | None = None,
+    then: Callable[[list[FileEntry]], None] | None = None,
 ) -> list[FileEntry]:
     """List every entry under ``top``; fsync its files and subdirectories (not ``top``).
 
     ``skip`` says which top-level names to leave out (the marker and its
-    temporary names). Returns the entries sorted by path. Any fsync error
-    propagates: a failed fsync is never retried (the kernel may have dropped
-    the dirty pages, so a retry that succeeds proves nothing).
+    temporary names). Returns the entries sorted by path, once every fsync has
+    returned. Any fsync error propagates: a failed fsync is never retried (the
+    kernel may have dropped the dirty pages, so a retry that succeeds proves
+    nothing).
 
-    Each small file is one job (hash, then fsync); a large file's hash is a job
-    of its own, so it runs while the file is being flushed (reading it back from
-    the page cache costs CPU, the flush costs disk time: together they take the
-    longer of the two, not the sum).
+    ``then(entries)`` runs in the calling thread as soon as every checksum is
+    known, while the flushes may still be in flight: a commit writes its marker
+    there, so the marker's own fsyncs overlap the data's instead of following
+    them (nothing in a staging dir is visible before the rename, which waits for
+    all of them). Hashes are queued first, then the flushes, largest file first:
+    a large file is hashed (CPU, from the page cache) while it is flushed (disk).
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
@@ -91,82 +96,109 @@ def sync_tree(
             links.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
         else:
             log.warning("%s is not a file, directory or symlink; it is not recorded", entry.path)
+    files.sort(key=lambda f: -f[2])
 
-    # Largest files first, so the longest flushes start earliest.
-    jobs: list[Callable[[], tuple[str, str] | None]] = []
-    for rel, path, size in sorted(files, key=lambda f: -f[2]):
-        if checksum and policy.durable and size >= _SPLIT:
-            jobs.append(functools.partial(policy.file, path))
-            jobs.append(functools.partial(_hash_file, rel, path, checksum))
-        elif checksum or policy.durable:
-            jobs.append(functools.partial(_sync_file, policy, rel, path, checksum))
-    if policy.durable:
-        jobs += [functools.partial(policy.subdir, path) for _, path in dirs]
-    sums = dict(r for r in run(jobs, workers) if r is not None)
-    out = [FileEntry(rel, "file", size=size, checksum=sums.get(rel)) for rel, _, size in files]
-    out += [FileEntry(rel, "dir") for rel, _ in dirs]
-    out += links
-    return sorted(out, key=lambda e: e.path)
+    with Workers(workers) as pool:
+        sums = {
+            rel: pool.submit(functools.partial(checksum_file, path, checksum))
+            for rel, path, _ in files
+            if checksum is not None
+        }
+        flushes: list[Future[None]] = []
+        if policy.durable:
+            flushes += [pool.submit(functools.partial(policy.file, path)) for _, path, _ in files]
+            flushes += [pool.submit(functools.partial(policy.subdir, path)) for _, path in dirs]
+        out = [
+            FileEntry(rel, "file", size=size, checksum=sums[rel].result() if sums else None)
+            for rel, _, size in files
+        ]
+        out += [FileEntry(rel, "dir") for rel, _ in dirs]
+        out += links
+        out.sort(key=lambda e: e.path)
+        if then is not None:
+            then(out)
+        for flush in flushes:
+            flush.result()
+    return out
 
 
-def _sync_file(
-    policy: SyncPolicy, rel: str, path: Path, checksum: str | None
-) -> tuple[str, str] | None:
-    digest = checksum_file(path, checksum) if checksum else None
-    policy.file(path)
-    return None if digest is None else (rel, digest)
+class Workers:
+    """Up to ``n`` threads running submitted jobs in order (inline when ``n`` is 1).
 
+    Plain threads, not a ``ThreadPoolExecutor``: a commit must work at interpreter
+    exit (an ``atexit`` handler, a pending async commit), where an executor refuses
+    new work; if no thread can be started there, the jobs run in the caller's
+    thread. After the first failure the jobs not yet started are cancelled;
+    leaving the ``with`` block waits for the running ones.
+    """
 
-def _hash_file(rel: str, path: Path, checksum: str) -> tuple[str, str]:
-    return rel, checksum_file(path, checksum)
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
+        self._queue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._failed = False
+
+    def submit(self, job: Callable[[], _T]) -> Future[_T]:
+        future: Future[_T] = Future()
+        if self._n <= 1:
+            self._do(future, job)
+            return future
+        self._queue.put((future, job))
+        if len(self._threads) < self._n:
+            thread = threading.Thread(target=self._work, name="atomic_ckpt-sync", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # interpreter shutdown: no new threads
+                self._n = len(self._threads)
+                if not self._threads:
+                    self._drain()
+                return future
+            self._threads.append(thread)
+        return future
+
+    def _do(self, future: Future[_T], job: Callable[[], _T]) -> None:
+        if self._failed or not future.set_running_or_notify_cancel():
+            future.cancel()
+            return
+        try:
+            future.set_result(job())
+        except BaseException as exc:
+            self._failed = True
+            future.set_exception(exc)
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._do(*item)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._do(*item)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is not None:
+            self._failed = True  # the caller gave up: start nothing more
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._drain()  # anything left when no thread could start
 
 
 def run(jobs: Iterable[Callable[[], _T]], workers: int) -> list[_T]:
-    """Run ``jobs`` on up to ``workers`` threads, the calling thread among them; results in order.
+    """Run ``jobs`` on up to ``workers`` threads; their results in order.
 
-    The first error stops the jobs not yet started, waits for the running ones
-    and propagates (never retried). Plain threads, not ``concurrent.futures``:
-    a commit must work at interpreter exit (an ``atexit`` handler, a pending
-    async commit), where an executor refuses new work; if no thread can be
-    started there, the calling thread does every job itself.
+    The first error cancels the jobs not yet started, waits for the running
+    ones and propagates (never retried).
     """
-    todo = list(enumerate(jobs))
-    results: list[_T | None] = [None] * len(todo)
-    if min(workers, len(todo)) <= 1:
-        return [job() for _, job in todo]
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    queue = iter(todo)
-
-    def work() -> None:
-        while True:
-            with lock:
-                if errors:
-                    return
-                item = next(queue, None)
-            if item is None:
-                return
-            i, job = item
-            try:
-                results[i] = job()
-            except BaseException as exc:
-                with lock:
-                    errors.append(exc)
-                return
-
-    threads: list[threading.Thread] = []
-    for _ in range(min(workers, len(todo)) - 1):
-        thread = threading.Thread(target=work, name="atomic_ckpt-sync", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # interpreter shutdown: no new threads
-            break
-        threads.append(thread)
-    try:
-        work()
-    finally:
-        for thread in threads:
-            thread.join()
-    if errors:
-        raise errors[0]
-    return results  # type: ignore[return-value]
+    with Workers(workers) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        return [future.result() for future in futures]

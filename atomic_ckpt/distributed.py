@@ -39,37 +39,45 @@ forever. Rank 0 promotes only after every rank reported success, so a rank
 lost before that means nothing was promoted; ``clean()`` removes a staging
 directory that a crashed rank 0 left behind.
 
-This is the only module of ``atomic_ckpt`` that imports torch.
+With its helper ``_ranks`` (the collectives), this is the only part of ``atomic_ckpt``
+that imports torch.distributed.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
 import logging
 import operator
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, SupportsIndex, TypeVar
+from typing import Any, SupportsIndex
 
 import torch.distributed as dist
 
 from . import (
     Checkpoint,
     CheckpointDir,
+    CheckpointError,
     Commit,
     DistributedCommitError,
-    DistributedNotInitializedError,
     FileEntry,
     RetentionPolicy,
 )
+from ._ranks import (
+    _all_entered,
+    _coordination_group,
+    _describe,
+    _failure_error,
+    _failures,
+    _Ranks,
+)
 
 __all__ = [
+    "DEFAULT_ENTRY_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "distributed_commit",
     "load_dcp",
@@ -81,125 +89,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds a rank waits for the others at each step of a commit (as torch's default)."""
-
-_T = TypeVar("_T")
-_GROUPS: dict[tuple[object, object, float], dist.ProcessGroup] = {}
-
-
-def _release_groups() -> None:
-    """At exit, tear down the cached coordination groups before the interpreter does.
-
-    Left to interpreter teardown, a cached gloo group could be destroyed after
-    the default group, and the process then aborted after the job had finished
-    ("terminate called without an active exception", exit status -6; seen in
-    3 of 8 two-rank runs here).
-    """
-    if dist.is_initialized():
-        for pg in _GROUPS.values():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group(pg)
-    _GROUPS.clear()
-
-
-atexit.register(_release_groups)
-
-
-def _coordination_group(group: dist.ProcessGroup | None, timeout: float) -> dist.ProcessGroup:
-    """A gloo group of ``group``'s ranks whose collectives time out after ``timeout``.
-
-    Made once per (group, timeout) and cached: like every collective, the first
-    commit must be entered by all ranks of the group. gloo carries the small
-    Python objects of the protocol whatever backend the training uses.
-    """
-    if not dist.is_available() or not dist.is_initialized():
-        raise DistributedNotInitializedError(
-            "torch.distributed is not initialized: call "
-            "torch.distributed.init_process_group() first (or use CheckpointDir.commit)"
-        )
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    world = dist.group.WORLD
-    key = (world, group, float(timeout))
-    pg = _GROUPS.get(key)
-    if pg is None:
-        ranks = None if group is None else dist.get_process_group_ranks(group)
-        made = dist.new_group(
-            ranks=ranks,
-            timeout=timedelta(seconds=timeout),
-            backend="gloo",
-            use_local_synchronization=group is not None,
-        )
-        assert made is not None  # every caller is a member
-        pg = _GROUPS[key] = made
-    return pg
-
-
-class _Ranks:
-    """The collectives of one commit, with a lost or hung rank turned into a clear error."""
-
-    def __init__(self, pg: dist.ProcessGroup, step: int | None, timeout: float) -> None:
-        self.pg = pg
-        self.rank = dist.get_rank(pg)
-        self.size = dist.get_world_size(pg)
-        self.step = step
-        self.timeout = timeout
-        self._src = dist.get_global_rank(pg, 0)
-
-    def broadcast(self, obj: _T, what: str, *, last: bool = False) -> _T:
-        box: list[Any] = [obj]
-        call = lambda: dist.broadcast_object_list(box, src=self._src, group=self.pg)  # noqa: E731
-        self._run(what, call, last=last)
-        return box[0]  # type: ignore[no-any-return]
-
-    def all_gather(self, obj: _T, what: str) -> list[_T]:
-        out: list[Any] = [None] * self.size
-        self._run(what, lambda: dist.all_gather_object(out, obj, group=self.pg))
-        return out
-
-    def _run(self, what: str, call: Callable[[], None], *, last: bool = False) -> None:
-        try:
-            call()
-        except RuntimeError as exc:  # DistBackendError: gloo timeout or a closed connection
-            if self.step is None:
-                outcome = ""
-            elif last:
-                outcome = (
-                    f" Rank 0 may have promoted step {self.step} before contact was lost; "
-                    "resume() after the restart shows what is complete."
-                )
-            else:
-                outcome = (
-                    f" Rank 0 promotes step {self.step} only once every rank has reported "
-                    "success, so unless the lost rank had already reported, nothing was "
-                    "promoted; clean() removes a staging dir that a crashed rank 0 left."
-                )
-            raise DistributedCommitError(
-                f"rank {self.rank} lost contact with the other ranks while {what} "
-                f"(timeout {self.timeout:g}s): a rank crashed, hung or is too slow.{outcome} "
-                f"Cause: {exc}",
-                step=self.step,
-            ) from exc
-
-
-def _describe(exc: BaseException | None) -> str | None:
-    if exc is None:
-        return None
-    notes = "".join(f" [{n}]" for n in getattr(exc, "__notes__", ()))
-    return f"{type(exc).__name__}: {exc}{notes}"
-
-
-def _failures(outcomes: list[str | None], skip: int | None = None) -> list[tuple[int, str]]:
-    return [(r, why) for r, why in enumerate(outcomes) if why is not None and r != skip]
-
-
-def _failure_error(step: int, failed: list[tuple[int, str]], phase: str) -> DistributedCommitError:
-    detail = "; ".join(f"rank {r}: {why}" for r, why in failed)
-    return DistributedCommitError(
-        f"the commit of step {step} failed {phase} on rank(s) "
-        f"{', '.join(str(r) for r, _ in failed)} ({detail}). Nothing was promoted",
-        step=step,
-        ranks=tuple(r for r, _ in failed),
-    )
+DEFAULT_ENTRY_TIMEOUT = 300.0
+"""Seconds every rank waits for all to enter a commit before it names the missing ones."""
 
 
 @contextlib.contextmanager
@@ -211,6 +102,7 @@ def distributed_commit(
     group: dist.ProcessGroup | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     retain: RetentionPolicy | None = None,
+    entry_timeout: float = DEFAULT_ENTRY_TIMEOUT,
 ) -> Iterator[Path]:
     """Commit one checkpoint written by every rank of ``group`` (default: all ranks).
 
@@ -223,8 +115,14 @@ def distributed_commit(
     bounds each wait for the other ranks, so it must exceed the difference
     between the slowest and the fastest rank's save. ``retain`` is applied by
     rank 0 after the commit is durable (only rank 0 deletes).
+
+    It is collective: called on some ranks only (say inside ``if rank == 0:``,
+    followed by a barrier) it cannot complete, so every rank first checks that
+    all entered, and raises :class:`~atomic_ckpt.DistributedCommitError` naming
+    the missing ranks after ``entry_timeout`` seconds instead of hanging.
     """
     step = operator.index(step)
+    _all_entered(group, "distributed_commit", entry_timeout, step)
     ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
     # 1. Rank 0 creates the staging dir (its lock first) and broadcasts its name.
     commit: Commit | None = None
@@ -354,8 +252,13 @@ def resume(
     group: dist.ProcessGroup | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     verify: bool = False,
+    fresh: bool = False,
 ) -> Checkpoint | None:
     """The checkpoint to resume from, chosen by rank 0 and the same on every rank.
+
+    Rank 0 applies ``CheckpointDir.resume_point(verify=..., fresh=...)``: a root of
+    unmarked step directories and no complete checkpoint raises
+    :class:`~atomic_ckpt.UnmarkedCheckpointsError` on every rank unless ``fresh``.
 
     Rank 0 scans the root (with ``verify=True``, the newest checkpoint whose
     files match its manifest) and broadcasts its choice; the other ranks never
@@ -366,12 +269,18 @@ def resume(
     problem: BaseException | None = None
     if ranks.rank == 0:
         try:
-            choice = ckpts.latest(verify=verify)
+            choice = ckpts.resume_point(verify=verify, fresh=fresh)
         except Exception as exc:
             problem = exc
-    choice, why = ranks.broadcast((choice, _describe(problem)), "receiving rank 0's resume step")
+    # Rank 0's own error (ours pickle with their attributes) is raised on every rank.
+    shared = problem if isinstance(problem, CheckpointError) else None
+    choice, why, shared = ranks.broadcast(
+        (choice, _describe(problem), shared), "receiving rank 0's resume step"
+    )
     if problem is not None:
         raise problem
+    if shared is not None:
+        raise shared
     if why is not None:
         raise DistributedCommitError(
             f"rank 0 could not choose a checkpoint to resume from: {why}", ranks=(0,)

@@ -95,7 +95,7 @@ def save_state(
     with ckpts.begin(step, metadata=metadata) as commit:
         write_state(
             commit.path,
-            step=commit.step,
+            step=operator.index(step),
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,
@@ -143,15 +143,20 @@ def resume(
     scheduler: _Stateful | None = None,
     verify: bool = False,
     device: str = "cpu",
+    fresh: bool = False,
 ) -> TrainingState | None:
     """Load the latest complete checkpoint of ``ckpts``; None if there is none.
+
+    A root holding step directories without a marker and no complete checkpoint
+    raises :class:`~atomic_ckpt.UnmarkedCheckpointsError` rather than start from
+    scratch over them, unless ``fresh=True`` (see ``CheckpointDir.resume_point``).
 
     With ``verify=True`` the files are checked against the manifest (sizes and
     checksums) first, which reads them once more; a newest checkpoint that does
     not verify is skipped with a warning, and the newest one that does is loaded
     (as ``atomic_ckpt.distributed.resume`` does).
     """
-    latest = ckpts.latest(verify=verify)
+    latest = ckpts.resume_point(verify=verify, fresh=fresh)
     if latest is None:
         return None
     return load_state(latest, model=model, optimizer=optimizer, scheduler=scheduler, device=device)

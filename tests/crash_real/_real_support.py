@@ -124,13 +124,23 @@ def commit_save(
         write_files(staging, save_files(seed, save, single=single), hook)
 
 
-def new_dir(root: Path, *, single: bool = False, sync: SyncPolicy | None = None) -> CheckpointDir:
-    """The CheckpointDir the tests use (``single``: no checksums, one thread only)."""
+def new_dir(
+    root: Path,
+    *,
+    single: bool = False,
+    sync: SyncPolicy | None = None,
+    workers: int | None = None,
+) -> CheckpointDir:
+    """The CheckpointDir the tests use (``single``: no checksums, one thread only).
+
+    ``workers=1`` makes the order of the library's calls fixed (the marker is
+    otherwise written while other threads flush), for tests that count calls.
+    """
     return CheckpointDir(
         root,
         checksum=None if single else "crc32",
         lock_timeout=60,
-        workers=1 if single else None,
+        workers=1 if single else workers,
         sync=sync,
     )
 

@@ -71,7 +71,8 @@ def record_commit(root: Path, scenario: str) -> list[Event]:
     prepared(root, (1, 2))
     hook = FsHook()
     with mode(scenario), hook.installed():
-        commit_save(new_dir(root), SEED, Save(2, SCENARIOS[scenario]))
+        # One worker: the calls come in a fixed order, so fault N hits the same call.
+        commit_save(new_dir(root, workers=1), SEED, Save(2, SCENARIOS[scenario]))
     return hook.events
 
 
@@ -110,7 +111,7 @@ def test_fault_at_every_call_of_a_commit(
         raised: BaseException | None = None
         with mode(scenario), hook.installed(), caplog.at_level(logging.WARNING, "atomic_ckpt"):
             try:
-                commit_save(new_dir(root), SEED, plan[2])
+                commit_save(new_dir(root, workers=1), SEED, plan[2])
             except OSError as exc:
                 raised = exc
         assert fault.fired is not None, f"the fault at call {n} did not fire"
@@ -172,6 +173,12 @@ def test_fault_at_every_call_of_a_prune(tmp_path: Path, err: int) -> None:
     with hook.installed():
         new_dir(record).prune(keep_last=1)
     plan = plan_of([1, 2, 3])
+    # A prune that made no _fs call would leave nothing to fault (and the loop would pass
+    # vacuously): the recorded one must delete steps 1 and 2 through the hooked calls.
+    assert new_dir(record).steps() == [3]
+    names = {e.name for e in hook.events}
+    assert {"rename", "remove_tree"} <= names, f"the recorded prune made no deletion: {names}"
+    assert names & set(FSYNCS), f"the recorded prune made no fsync: {names}"
     for n in range(1, len(hook.events) + 1):
         root = tmp_path / str(n)
         prepared(root, (1, 2, 3))
@@ -179,6 +186,8 @@ def test_fault_at_every_call_of_a_prune(tmp_path: Path, err: int) -> None:
         with FsHook(before=fault).installed(), pytest.raises(OSError, match="injected") as info:
             new_dir(root).prune(keep_last=1)
         where = f"{err} at prune call {n} ({fault.fired})"
+        assert fault.fired is not None, f"the fault at prune call {n} did not fire"
+        assert fault.fired.index == n, where
         assert info.value is fault.error, where
         holds = check_root(root, SEED, plan, 3, window=True)
         assert holds[3] == 2, f"{where}: the latest checkpoint is gone"

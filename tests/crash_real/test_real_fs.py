@@ -210,7 +210,7 @@ def run_plan(
 ) -> int:
     """Commit the plan until a commit fails; return how many commits returned."""
     plan = plan_of(steps)
-    ckpts = new_dir(root, sync=sync)
+    ckpts = new_dir(root, sync=sync, workers=1)  # one worker: call N is the same call each run
     done = 0
     try:
         with hook.installed():

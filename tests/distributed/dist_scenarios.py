@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from atomic_ckpt import CheckpointDir, RetentionPolicy, _fs
+from atomic_ckpt import CheckpointDir, DistributedCommitError, RetentionPolicy, _fs
 from atomic_ckpt.distributed import distributed_commit, load_dcp, rank_path, resume
 
 TIMEOUT = 4.0
@@ -224,3 +224,47 @@ def retain(ctx: Ctx) -> Any:
         with distributed_commit(ctx.ckpts, step, metadata={"loss": loss}, retain=policy) as path:
             write_shard(ctx, path, step)
     return None
+
+
+ENTRY_TIMEOUT = 3.0
+"""The entry check's timeout in the collective-misuse scenarios."""
+
+
+@scenario
+def commit_on_rank0_only(ctx: Ctx) -> Any:
+    """The misuse of issue 14: a "rank 0 saves, then everyone meets at a barrier" save
+    calling the collective commit. ``warm``: one correct commit first (so the
+    coordination group exists); ``then_collective``: a correct commit afterwards."""
+    if ctx.params.get("warm"):
+        with distributed_commit(ctx.ckpts, 1, entry_timeout=ENTRY_TIMEOUT) as path:
+            write_shard(ctx, path, 1)
+    seen: dict[str, Any] = {"error": None, "message": "", "elapsed": 0.0}
+    if ctx.rank == 0:
+        start = time.monotonic()
+        try:
+            with distributed_commit(ctx.ckpts, 2, entry_timeout=ENTRY_TIMEOUT) as path:
+                write_shard(ctx, path, 2)
+        except DistributedCommitError as exc:
+            seen.update(error=type(exc).__name__, message=str(exc))
+        seen["elapsed"] = time.monotonic() - start
+    dist.barrier()  # where the other ranks waited all along
+    if ctx.params.get("then_collective"):
+        with distributed_commit(ctx.ckpts, 3, entry_timeout=ENTRY_TIMEOUT) as path:
+            write_shard(ctx, path, 3)
+        seen["steps"] = ctx.ckpts.steps() if ctx.rank == 0 else None
+    return seen
+
+
+@scenario
+def resume_unmarked(ctx: Ctx) -> Any:
+    """resume() on a root of unmarked step dirs only (the test made them), then fresh=True."""
+    seen: dict[str, Any] = {}
+    try:
+        resume(ctx.ckpts)
+        seen["plain"] = None
+    except Exception as exc:
+        seen["plain"] = type(exc).__name__
+        seen["message"] = str(exc)
+        seen["paths"] = sorted(Path(p).name for p in getattr(exc, "paths", ()))
+    seen["fresh"] = resume(ctx.ckpts, fresh=True) is None
+    return seen

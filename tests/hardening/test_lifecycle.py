@@ -56,6 +56,23 @@ _ASYNC_PENDING_AT_EXIT = """
     # no wait() or close(): the script simply ends here
 """
 
+_ASYNC_FAILING_AT_EXIT = """
+    import sys
+    import time
+    from pathlib import Path
+
+    from atomic_ckpt import AsyncCommitter, CheckpointDir
+
+    saver = AsyncCommitter(CheckpointDir(sys.argv[1]))
+
+    def write(directory: Path) -> None:
+        time.sleep(0.3)
+        raise OSError(28, "No space left on device (injected)")
+
+    saver.save(7, write)
+    # no wait() or close(): nothing will ever raise the background error
+"""
+
 _COMMIT_IN_ATEXIT = """
     import atexit
     import sys
@@ -82,6 +99,19 @@ def test_async_commit_pending_at_exit_completes_or_fails_the_exit_status(tmp_pat
     if steps == [7]:
         ckpt = CheckpointDir(root).verify(7)
         assert len(_files(ckpt.path)) == SHARDS
+
+
+def test_an_unobserved_background_failure_makes_the_exit_status_non_zero(
+    tmp_path: Path,
+) -> None:
+    """A script whose pending async commit fails, with nothing left to raise it, exits 1 and
+    says which step was lost (not 0, which a job script would read as success)."""
+    root = tmp_path / "ckpts"
+    proc = _run_script(_ASYNC_FAILING_AT_EXIT, root)
+    assert "(injected)" in proc.stderr  # the injected failure was hit
+    assert proc.returncode == 1, proc.stderr
+    assert "background commit of step 7 failed" in proc.stderr
+    assert CheckpointDir(root).steps() == []
 
 
 def test_commit_from_an_atexit_handler_works(tmp_path: Path) -> None:
