@@ -19,27 +19,13 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
-from . import _commit, _fs
-from ._errors import CheckpointNotFoundError, StepConflictError
+from . import _commit, _delete, _fs
+from ._errors import StepConflictError
 from ._manifest import FileEntry, Manifest, check_metadata
 from ._names import MARKER_TMP_PREFIX, is_marker_name, new_token
 from ._read import Checkpoint, classify
 from ._root import Root, check_step
 from ._tree import sync_tree
-
-
-def current(root: Root, step: int) -> Checkpoint:
-    """The complete checkpoint of ``step`` (CheckpointNotFoundError if there is none)."""
-    path = root.path / root.name_of(step)
-    entry = classify(path, step) if path.is_dir() and not path.is_symlink() else None
-    if entry is None or entry.manifest is None:
-        raise CheckpointNotFoundError(
-            f"no complete checkpoint for step {step} in {root.path}: only a committed "
-            "checkpoint can be amended",
-            path=path,
-            step=step,
-        )
-    return Checkpoint(step, path, entry.manifest)
 
 
 @contextlib.contextmanager
@@ -56,7 +42,7 @@ def amend(
     if isinstance(remove, str):
         raise TypeError("remove must be a collection of paths, not one string")
     gone = {_relative(p) for p in remove}
-    base = current(root, step)
+    base = _delete.require_complete(root, step)  # only a committed checkpoint is amended
     if base.manifest.legacy:
         raise StepConflictError(
             f"{base.path} has a legacy (empty) marker: nothing records its files. Adopt it "

@@ -61,6 +61,8 @@ def move_aside(root: Root, paths: list[Path]) -> Moved:
     go; the root is fsynced once. A path that is already gone is skipped.
     """
     moved: Moved = []
+    if not paths:
+        return moved  # nothing to move: not even a listing of the root
     # The aliases go first: a crash after this leaves them missing, never dangling.
     remove_aliases(root, {path.name for path in paths})
     try:
@@ -202,20 +204,11 @@ def read_best(root: Root) -> Checkpoint | None:
     step = best_step(root)
     if step is None:
         return None
-    path = root.path / root.name_of(step) if _fits(root, step) else None
-    entry = classify(path, step) if path is not None and path.is_dir() else None
-    if entry is None or entry.manifest is None or path is None or path.is_symlink():
+    try:
+        return require_complete(root, step)
+    except (CheckpointNotFoundError, ValueError):  # ValueError: a step no name can hold
         log.warning("%s names no complete checkpoint", root.path / BEST_LINK)
         return None
-    return Checkpoint(step, path, entry.manifest)
-
-
-def _fits(root: Root, step: int) -> bool:
-    try:
-        root.name_of(step)
-    except ValueError:
-        return False
-    return True
 
 
 def set_best_locked(root: Root, ckpt: Checkpoint) -> None:
@@ -262,10 +255,14 @@ def delete(root: Root, step: int, *, force: bool) -> Path:
 def require_complete(root: Root, step: int) -> Checkpoint:
     """The complete checkpoint of ``step`` (read under the caller's lock)."""
     path = root.path / root.name_of(step)
-    entry = classify(path, step) if path.is_dir() and not path.is_symlink() else None
+    isdir = os.path.isdir(path) and not os.path.islink(path)
+    entry = classify(path, step) if isdir else None
     if entry is None or entry.manifest is None:
         raise CheckpointNotFoundError(
-            f"no complete checkpoint for step {step} in {root.path}", path=path, step=step
+            f"no complete checkpoint for step {step} in {root.path}"
+            + (f": {entry.problem}" if entry is not None and entry.problem else ""),
+            path=path,
+            step=step,
         )
     return Checkpoint(step, path, entry.manifest)
 

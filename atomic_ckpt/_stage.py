@@ -59,9 +59,10 @@ def make_staging(root: Root, name: str) -> tuple[Path, _locks.Lock]:
 
 
 def read_marker_or_none(path: Path) -> Manifest | None:
-    """``path``'s manifest, or None if it has none (or an unreadable one)."""
+    """``path``'s manifest (its header only: the file list stays unread), or None if it
+    has none or an unreadable one."""
     try:
-        return read_marker(path)
+        return read_marker(path, body=False)
     except (ManifestError, OSError):
         return None
 

@@ -23,16 +23,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import signal
 import sys
 from pathlib import Path
 
-from _real_support import Event, FsHook, commit_save, forced_fallback, new_dir, plan_of
-
-
-def say(line: str) -> None:
-    os.write(1, (line + "\n").encode())
+from _real_support import commit_save, forced_fallback, kill_hook, new_dir, plan_of, say
 
 
 def main() -> int:
@@ -47,22 +41,7 @@ def main() -> int:
     parser.add_argument("--kill-when", choices=("before", "after"), default="before")
     args = parser.parse_args()
 
-    def kill(event: Event, when: str) -> None:
-        if event.index == args.kill_at and when == args.kill_when:
-            say(f"hook {event.index} {event.name} {when}")
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def before(event: Event) -> None:
-        if args.record:
-            say(f"event {event.index} {event.name} {event.path}")
-        kill(event, "before")
-
-    def after(event: Event) -> None:
-        if args.record:
-            say(f"returned {event.index}")
-        kill(event, "after")
-
-    hook = FsHook(before=before, after=after)
+    hook = kill_hook(record=args.record, kill_at=args.kill_at, kill_when=args.kill_when)
     plan = plan_of([int(s) for s in args.steps.split(",")])
     # One worker: the library's calls come in a fixed order, so a recorded call
     # number names the same call in every run (the kill lands where it was aimed).

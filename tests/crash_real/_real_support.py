@@ -17,6 +17,7 @@ import errno
 import os
 import random
 import re
+import signal
 import stat
 import threading
 from collections import Counter
@@ -368,3 +369,37 @@ def continue_and_clean(
     assert set(orphans) <= removed, f"clean() did not report {set(orphans) - removed}"
     assert sorted(os.listdir(root)) == sorted([ROOT_LOCK] + [str(s) for s in holds])
     return orphans
+
+
+# ---------------------------------------------------------------- kill children
+
+
+def say(line: str) -> None:
+    """A child's report to its parent: one line on stdout, unbuffered (it may die next)."""
+    os.write(1, (line + "\n").encode())
+
+
+def kill_hook(*, record: bool, kill_at: int, kill_when: str) -> FsHook:
+    """The hook a kill child runs under.
+
+    With ``record`` it reports every hooked call (``event N NAME PATH``) and every
+    return (``returned N``); it SIGKILLs its own process ``kill_when`` (before or
+    after) call number ``kill_at``, saying ``hook N NAME WHEN`` first.
+    """
+
+    def kill(event: Event, when: str) -> None:
+        if event.index == kill_at and when == kill_when:
+            say(f"hook {event.index} {event.name} {when}")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before(event: Event) -> None:
+        if record:
+            say(f"event {event.index} {event.name} {event.path}")
+        kill(event, "before")
+
+    def after(event: Event) -> None:
+        if record:
+            say(f"returned {event.index}")
+        kill(event, "after")
+
+    return FsHook(before=before, after=after)

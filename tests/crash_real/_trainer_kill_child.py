@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from _real_support import Event, FsHook
+from _real_support import FsHook, kill_hook, say
 
 from atomic_ckpt import CheckpointDir, RetentionPolicy
 
@@ -51,7 +50,9 @@ NEXT = {"model.bin": b"the next interrupted save"}
 
 
 def new_dir(root: Path) -> CheckpointDir:
-    return CheckpointDir(root, checksum="crc32", lock_timeout=60, workers=2)
+    # One worker: the library's calls come in a fixed order, so a recorded call
+    # number names the same call in every run (the kill lands where it was aimed).
+    return CheckpointDir(root, checksum="crc32", lock_timeout=60, workers=1)
 
 
 def write_files(directory: Path, files: dict[str, bytes], hook: FsHook | None) -> None:
@@ -132,10 +133,6 @@ OPS: dict[str, Op] = {
 }
 
 
-def say(line: str) -> None:
-    os.write(1, (line + "\n").encode())
-
-
 @contextlib.contextmanager
 def hooked_replace(hook: FsHook):  # type: ignore[no-untyped-def]
     """``os.replace`` as an event too: the marker's in-place rewrite renames through it."""
@@ -156,22 +153,7 @@ def main() -> int:
     parser.add_argument("--kill-when", choices=("before", "after"), default="before")
     args = parser.parse_args()
 
-    def kill(event: Event, when: str) -> None:
-        if event.index == args.kill_at and when == args.kill_when:
-            say(f"hook {event.index} {event.name} {when}")
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def before(event: Event) -> None:
-        if args.record:
-            say(f"event {event.index} {event.name} {event.path}")
-        kill(event, "before")
-
-    def after(event: Event) -> None:
-        if args.record:
-            say(f"returned {event.index}")
-        kill(event, "after")
-
-    hook = FsHook(before=before, after=after)
+    hook = kill_hook(record=args.record, kill_at=args.kill_at, kill_when=args.kill_when)
     ckpts = new_dir(args.root)
     with hook.installed(), hooked_replace(hook):
         OPS[args.op](ckpts, hook, lambda phase: say(f"ok {phase}"))

@@ -181,10 +181,12 @@ def check_alias_life(ckpts: CheckpointDir, ok: set[str]) -> None:
         assert version(ckpts, 3) == (STEP3, "three")
         assert found.get("last") == "3"
         assert found.get("e3") == "3"
-    if "delete" in ok:
-        assert 1 not in steps
+    if "delete" in ok:  # gone for good: not listed, no directory, no alias naming it
+        assert not ckpts.path_of(1).exists(), f"deleted step 1 is still there: {sorted(steps)}"
+        assert "1" not in found.values(), f"an alias still names deleted step 1: {found}"
     if "retain" in ok:
-        assert 2 not in steps
+        assert not ckpts.path_of(2).exists(), f"retained-away step 2 is there: {sorted(steps)}"
+        assert "2" not in found.values(), f"an alias still names deleted step 2: {found}"
     nxt = named(ckpts, "next")
     if "named" in ok:
         assert nxt is not None or version(ckpts, 4) == (NEXT, "next"), "'next' was lost"
