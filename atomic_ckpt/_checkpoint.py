@@ -32,7 +32,7 @@ from ._retention import RetentionPolicy
 from ._root import Root, check_step, resolve
 from ._sync import NoSync, SyncPolicy
 from ._trainer_ops import TrainerOps
-from ._tree import DEFAULT_WORKERS, sync_tree
+from ._tree import DEFAULT_WORKERS, list_tree, sync_files, sync_tree
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +267,31 @@ class CheckpointDir(TrainerOps):
             workers=self.workers,
             skip=is_marker_name,
         )
+
+    def sync_files(
+        self, directory: PathLike, paths: Collection[str], *, hash: bool = True
+    ) -> list[FileEntry]:
+        """Step 3 of the protocol for the named entries of ``directory`` only.
+
+        For a rank of a multi-rank commit, which fsyncs (and hashes) exactly what it
+        wrote, so each file is flushed once, by its writer. ``paths`` are relative
+        POSIX paths below ``directory``: files are fsynced and, when ``hash``, hashed
+        with :attr:`checksum`; directories are fsynced (not their contents); symlinks
+        are recorded, never followed. Returns their manifest entries sorted by path.
+        """
+        return sync_files(
+            Path(directory),
+            paths,
+            policy=self.sync,
+            checksum=self.checksum if hash else None,
+            workers=self.workers,
+        )
+
+    def list_tree(self, directory: PathLike) -> list[FileEntry]:
+        """Every entry below ``directory`` with its type and size, sorted by path (the
+        marker's names left out): no fsync and no file read, a listing and a stat each.
+        What a multi-rank commit checks its ranks' declared files against."""
+        return list_tree(Path(directory), skip=is_marker_name)
 
     def checksum_file(self, path: PathLike) -> str | None:
         """The checksum of one regular file with this root's algorithm (None if it has none)."""

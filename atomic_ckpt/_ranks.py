@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ._errors import DistributedCommitError, DistributedNotInitializedError
 
 _T = TypeVar("_T")
-_GROUPS: dict[tuple[object, object, float], dist.ProcessGroup] = {}
+_GROUPS: dict[tuple[object, object, float, str], dist.ProcessGroup] = {}
 
 
 def _release_groups() -> None:
@@ -37,12 +37,17 @@ def _release_groups() -> None:
 atexit.register(_release_groups)
 
 
-def _coordination_group(group: dist.ProcessGroup | None, timeout: float) -> dist.ProcessGroup:
+def _coordination_group(
+    group: dist.ProcessGroup | None, timeout: float, purpose: str = "commit"
+) -> dist.ProcessGroup:
     """A gloo group of ``group``'s ranks whose collectives time out after ``timeout``.
 
-    Made once per (group, timeout) and cached: like every collective, the first
-    commit must be entered by all ranks of the group. gloo carries the small
-    Python objects of the protocol whatever backend the training uses.
+    Made once per (group, timeout, purpose) and cached: like every collective, the
+    first commit must be entered by all ranks of the group. gloo carries the small
+    Python objects of the protocol whatever backend the training uses. A separate
+    ``purpose`` gets a separate group: collectives that may run at the same time in
+    different threads (an async DCP save in the background, the next save's check
+    in the training thread) must never share one.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise DistributedNotInitializedError(
@@ -52,7 +57,7 @@ def _coordination_group(group: dist.ProcessGroup | None, timeout: float) -> dist
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     world = dist.group.WORLD
-    key = (world, group, float(timeout))
+    key = (world, group, float(timeout), purpose)
     pg = _GROUPS.get(key)
     if pg is None:
         ranks = None if group is None else dist.get_process_group_ranks(group)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import posixpath
 import queue
 import stat
 import threading
@@ -119,6 +120,90 @@ def sync_tree(
             then(out)
         for flush in flushes:
             flush.result()
+    return out
+
+
+def list_tree(top: Path, skip: Callable[[str], bool] | None = None) -> list[FileEntry]:
+    """Every entry under ``top`` with its type and size, sorted by path: no fsync, no read.
+
+    What a coordinator checks other ranks' declarations against (PROTOCOL.md, several
+    ranks): a directory listing and one ``lstat`` per entry, never a file's data.
+    """
+    out: list[FileEntry] = []
+    for rel, entry in walk(top, skip):
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            out.append(FileEntry(rel, "file", size=st.st_size))
+        elif stat.S_ISDIR(st.st_mode):
+            out.append(FileEntry(rel, "dir"))
+        elif stat.S_ISLNK(st.st_mode):
+            out.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
+        else:
+            log.warning("%s is not a file, directory or symlink; it is not recorded", entry.path)
+    out.sort(key=lambda e: e.path)
+    return out
+
+
+def sync_files(
+    top: Path,
+    paths: Iterable[str],
+    *,
+    policy: SyncPolicy,
+    checksum: str | None,
+    workers: int = DEFAULT_WORKERS,
+) -> list[FileEntry]:
+    """Step 3 for the named entries of ``top`` only: fsync (and hash) each, once.
+
+    ``paths`` are relative POSIX paths below ``top``: a regular file is fsynced and
+    hashed, a directory fsynced (its entries, not its contents), a symlink recorded.
+    For a rank of a multi-rank commit, which flushes exactly what it wrote. Returns
+    their manifest entries sorted by path; a missing entry raises FileNotFoundError.
+    Like :func:`sync_tree`, the hashes are queued before the flushes.
+    """
+    files: list[tuple[str, Path, int]] = []
+    dirs: list[tuple[str, Path]] = []
+    links: list[FileEntry] = []
+    real_top = os.path.realpath(top)
+    for rel in sorted(set(paths)):
+        path = top / rel
+        # A normalized relative path whose parents are real directories, never links.
+        parent = os.path.dirname(rel)
+        if (
+            posixpath.normpath(rel) != rel
+            or rel.startswith(("/", "../"))
+            or rel in ("", ".", "..")
+            or os.path.realpath(path.parent) != os.path.join(real_top, parent).rstrip("/")
+        ):
+            raise ValueError(f"{rel!r} is not an entry below {top} (absolute, '..' or a link)")
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            files.append((rel, path, st.st_size))
+        elif stat.S_ISDIR(st.st_mode):
+            dirs.append((rel, path))
+        elif stat.S_ISLNK(st.st_mode):
+            links.append(FileEntry(rel, "symlink", target=os.readlink(path)))
+        else:
+            raise ValueError(f"{path} is not a file, directory or symlink")
+    files.sort(key=lambda f: -f[2])
+    with Workers(workers) as pool:
+        sums = {
+            rel: pool.submit(functools.partial(checksum_file, path, checksum))
+            for rel, path, _ in files
+            if checksum is not None
+        }
+        flushes: list[Future[None]] = []
+        if policy.durable:
+            flushes += [pool.submit(functools.partial(policy.file, path)) for _, path, _ in files]
+            flushes += [pool.submit(functools.partial(policy.subdir, path)) for _, path in dirs]
+        out = [
+            FileEntry(rel, "file", size=size, checksum=sums[rel].result() if sums else None)
+            for rel, _, size in files
+        ]
+        for flush in flushes:
+            flush.result()
+    out += [FileEntry(rel, "dir") for rel, _ in dirs]
+    out += links
+    out.sort(key=lambda e: e.path)
     return out
 
 

@@ -268,3 +268,34 @@ def resume_unmarked(ctx: Ctx) -> Any:
         seen["paths"] = sorted(Path(p).name for p in getattr(exc, "paths", ()))
     seen["fresh"] = resume(ctx.ckpts, fresh=True) is None
     return seen
+
+
+def count_fsyncs() -> dict[str, int]:
+    """Count this process's fsyncs from now on, by wrapping ``atomic_ckpt._fs.fsync_fd``
+    (every fsync of the library goes through it); returns the live counter."""
+    counts = {"fsync": 0}
+    real = _fs.fsync_fd
+
+    def counted(fd: int) -> None:
+        counts["fsync"] += 1
+        real(fd)
+
+    _fs.fsync_fd = counted  # type: ignore[assignment]
+    return counts
+
+
+@scenario
+def fsync_count(ctx: Ctx) -> Any:
+    """One commit of 2 files and 1 subdirectory per rank; how many fsyncs this rank made.
+    ``declare``: the files are named with rank_path (the sub-file declared explicitly)."""
+    counts = count_fsyncs()
+    with distributed_commit(ctx.ckpts, 1) as path:
+        write_shard(ctx, path, 1)
+        sub = path / f"sub{ctx.rank}"
+        sub.mkdir()
+        (sub / "extra.bin").write_bytes(payload(ctx.rank, 1, 10))
+        if ctx.params.get("declare"):
+            from atomic_ckpt.distributed import declare
+
+            declare(sub / "extra.bin")
+    return counts

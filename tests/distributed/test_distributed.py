@@ -196,3 +196,46 @@ def test_ranks_exit_cleanly_after_a_commit(tmp_path: Path, how: str) -> None:
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
         assert CheckpointDir(tmp_path / f"r{i}").steps() == [1]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_each_declared_file_is_fsynced_once_by_its_writer(
+    run_ranks: Runner, tmp_path: Path, world: int
+) -> None:
+    """With every file declared, a commit makes files + directories + 4 fsyncs in all (the
+    marker, the staging dir, the root, the root's parent at its creation), whatever the
+    number of ranks; each rank other than 0 fsyncs exactly its own 2 files."""
+    results = run_ranks("fsync_count", world, declare=True)
+    assert all(r.ok for r in results), results
+    counts = [r.data["fsync"] for r in results]
+    files, dirs = 2 * world, world
+    assert sum(counts) == files + dirs + 4, counts
+    assert counts[1:] == [2] * (world - 1), counts
+    ckpt = CheckpointDir(tmp_path / "ckpts").verify(1)
+    listed = [e for e in ckpt.manifest.files if e.type == "file"]
+    assert len(listed) == files
+    assert all(e.checksum is not None for e in listed)
+
+
+def test_undeclared_files_are_swept_by_every_rank_that_did_not_declare(
+    run_ranks: Runner, tmp_path: Path
+) -> None:
+    """rank_path names only (the file beside them undeclared): each rank fsyncs its own
+    shard once and sweeps the undeclared files (it may have written them); the commit is
+    complete and checksummed as before."""
+    world = 2
+    results = run_ranks("fsync_count", world)
+    assert all(r.ok for r in results), results
+    counts = [r.data["fsync"] for r in results]
+    assert counts[1] == 1 + world, counts  # its shard + every undeclared extra.bin
+    ckpt = CheckpointDir(tmp_path / "ckpts").verify(1)
+    assert all(e.checksum is not None for e in ckpt.manifest.files if e.type == "file")
+
+
+def test_declare_outside_a_commit_raises(tmp_path: Path) -> None:
+    """declare() names files of an open distributed_commit; anywhere else it is a misuse."""
+    from atomic_ckpt import CommitStateError
+    from atomic_ckpt.distributed import declare
+
+    with pytest.raises(CommitStateError, match="not inside the staging directory"):
+        declare(tmp_path / "model.pt")
