@@ -43,6 +43,16 @@ from ._errors import (
 from ._manifest import FileEntry, Manifest
 from ._named import NamedCheckpoint
 from ._names import BEST_LINK, MARKER, TMP_INFIX, parse_step
+from ._onefile import (
+    atomic_write,
+    clean_temporaries,
+    commit_directory,
+    remove_directory,
+    remove_file,
+    replace_symlink,
+    temp_name,
+    write_bytes_atomic,
+)
 from ._read import Checkpoint, Entry
 from ._retention import RetentionPolicy
 from ._sync import NoSync, SyncPolicy
@@ -100,7 +110,15 @@ __all__ = [
     "UnmarkedCheckpointsError",
     "VerificationError",
     "__version__",
+    "atomic_write",
+    "clean_temporaries",
     "commit",
+    "commit_directory",
     "latest",
     "parse_step",
+    "remove_directory",
+    "remove_file",
+    "replace_symlink",
+    "temp_name",
+    "write_bytes_atomic",
 ]

@@ -1,0 +1,1 @@
+"""Integrations with training frameworks, one module per framework, each behind its own extra."""

@@ -1,0 +1,454 @@
+"""The single-file primitive: atomic_write, write_bytes_atomic, replace_symlink, remove_file."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atomic_ckpt import (
+    TMP_INFIX,
+    NotDurableError,
+    RootNotWritableError,
+    _fs,
+    _onefile,
+    atomic_write,
+    clean_temporaries,
+    commit_directory,
+    parse_step,
+    remove_directory,
+    remove_file,
+    replace_symlink,
+    write_bytes_atomic,
+)
+from atomic_ckpt._names import NAME_MAX
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def inject(
+    monkeypatch: pytest.MonkeyPatch, name: str, err: int, *, when: Callable[..., bool] | None = None
+) -> list[tuple[Any, ...]]:
+    """Make ``_fs.<name>`` raise OSError(err) (when ``when(*args)`` holds); return the hits."""
+    real = getattr(_fs, name)
+    hits: list[tuple[Any, ...]] = []
+
+    def fault(*args: Any, **kwargs: Any) -> Any:
+        if when is None or when(*args):
+            hits.append(args)
+            raise OSError(err, os.strerror(err), str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_fs, name, fault)
+    return hits
+
+
+@pytest.fixture
+def old(tmp_path: Path) -> Path:
+    """A directory holding one file, ``model.ckpt``, with the bytes ``old``."""
+    path = tmp_path / "run" / "model.ckpt"
+    path.parent.mkdir()
+    path.write_bytes(b"old")
+    return path
+
+
+# ------------------------------------------------------------------ atomic_write
+
+
+def test_atomic_write_replaces_the_file_and_leaves_nothing_else(old: Path) -> None:
+    """The block's file replaces the target; the directory holds nothing but the target."""
+    with atomic_write(old) as tmp:
+        assert tmp.parent == old.parent
+        assert tmp.name.startswith(".model.ckpt" + TMP_INFIX)
+        assert old.read_bytes() == b"old"  # the target is untouched while writing
+        tmp.write_bytes(b"new")
+    assert old.read_bytes() == b"new"
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+def test_atomic_write_creates_a_missing_file(tmp_path: Path) -> None:
+    """A target that did not exist is created."""
+    with atomic_write(tmp_path / "a.bin") as tmp:
+        tmp.write_bytes(b"x")
+    assert (tmp_path / "a.bin").read_bytes() == b"x"
+    assert listing(tmp_path) == ["a.bin"]
+
+
+def test_temporary_name_is_hidden_and_never_a_step(tmp_path: Path) -> None:
+    """The temporary name is hidden, carries .tmp-, is no step, and fits a long name."""
+    name = _onefile.temp_name("7")
+    assert name.startswith(".7" + TMP_INFIX)
+    assert parse_step(name) is None
+    long = _onefile.temp_name("é" * 200)
+    assert len(long.encode()) <= NAME_MAX
+    with atomic_write(tmp_path / ("x" * NAME_MAX)) as tmp:
+        tmp.write_bytes(b"long")
+    assert (tmp_path / ("x" * NAME_MAX)).read_bytes() == b"long"
+
+
+@pytest.mark.parametrize("error", [RuntimeError("writer failed"), KeyboardInterrupt()])
+def test_a_block_that_raises_leaves_the_old_file_and_no_temporary(
+    old: Path, error: BaseException
+) -> None:
+    """An exception in the block (even KeyboardInterrupt) propagates; old file intact."""
+
+    def save(tmp: Path) -> None:
+        tmp.write_bytes(b"half")
+        raise error
+
+    with pytest.raises(type(error)), atomic_write(old) as tmp:
+        save(tmp)
+    assert old.read_bytes() == b"old"
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+def test_a_block_that_writes_nothing_raises(old: Path) -> None:
+    """Writing nothing is an error (FileNotFoundError), not an empty checkpoint."""
+    with pytest.raises(FileNotFoundError, match="wrote nothing"), atomic_write(old):
+        pass
+    assert old.read_bytes() == b"old"
+
+
+def test_a_block_that_makes_a_directory_raises_and_it_is_removed(old: Path) -> None:
+    """A directory at the temporary name is refused and removed."""
+    with pytest.raises(IsADirectoryError), atomic_write(old) as tmp:
+        (tmp / "sub").mkdir(parents=True)
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+def test_enospc_in_the_file_fsync_leaves_the_old_file(
+    old: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC at the data fsync: OSError(ENOSPC), old file intact, temporary gone."""
+    hits = inject(monkeypatch, "fsync_file", errno.ENOSPC)
+    with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)) as info, atomic_write(old) as tmp:
+        tmp.write_bytes(b"new")
+    assert hits, "the injected fault did not fire"
+    assert info.value.errno == errno.ENOSPC
+    assert old.read_bytes() == b"old"
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+def test_permission_error_at_the_rename_is_the_library_error(
+    old: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EACCES at the rename: RootNotWritableError (a PermissionError), old file intact."""
+    hits = inject(monkeypatch, "rename", errno.EACCES)
+    with pytest.raises(RootNotWritableError) as info, atomic_write(old) as tmp:
+        tmp.write_bytes(b"new")
+    assert hits, "the injected fault did not fire"
+    assert isinstance(info.value, PermissionError)
+    assert isinstance(info.value.__cause__, OSError)
+    assert old.read_bytes() == b"old"
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+def test_directory_fsync_failure_after_the_rename_says_not_durable(
+    old: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO at the directory fsync: NotDurableError; the new file is in place, not rolled back."""
+    hits = inject(monkeypatch, "fsync_dir", errno.EIO)
+    with pytest.raises(NotDurableError, match="may not survive"), atomic_write(old) as tmp:
+        tmp.write_bytes(b"new")
+    assert hits == [(old.parent,)]
+    assert old.read_bytes() == b"new"
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+def test_durable_false_makes_no_fsync(old: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """durable=False: still atomic, but no fsync is made."""
+    calls = inject(monkeypatch, "fsync_file", errno.EIO) + inject(
+        monkeypatch, "fsync_dir", errno.EIO
+    )
+    with atomic_write(old, durable=False) as tmp:
+        tmp.write_bytes(b"new")
+    write_bytes_atomic(old, b"newer", durable=False)
+    assert calls == []
+    assert old.read_bytes() == b"newer"
+
+
+def test_parents_creates_missing_directories_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """parents=True makes the missing directories and fsyncs the parent of each."""
+    synced: list[Path] = []
+    real = _fs.fsync_dir
+    monkeypatch.setattr(_fs, "fsync_dir", lambda p: (synced.append(Path(p)), real(p))[1])
+    target = tmp_path / "a" / "b" / "f.bin"
+    with atomic_write(target, parents=True) as tmp:
+        tmp.write_bytes(b"x")
+    assert target.read_bytes() == b"x"
+    assert synced == [tmp_path, tmp_path / "a", tmp_path / "a" / "b"]
+    with pytest.raises(FileNotFoundError), atomic_write(tmp_path / "c" / "f.bin") as tmp:
+        tmp.write_bytes(b"x")
+
+
+def test_a_symlinked_directory_is_fsynced_by_its_real_path(tmp_path: Path) -> None:
+    """A target reached through a symlinked directory works (the fsync never follows links)."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to("real")
+    with atomic_write(tmp_path / "alias" / "f") as tmp:
+        tmp.write_bytes(b"x")
+    assert (tmp_path / "real" / "f").read_bytes() == b"x"
+
+
+def test_a_symlink_at_the_target_is_replaced_not_written_through(tmp_path: Path) -> None:
+    """A symlink at the target name is replaced by the new file; what it named is untouched."""
+    (tmp_path / "other").write_bytes(b"other")
+    (tmp_path / "last.ckpt").symlink_to("other")
+    write_bytes_atomic(tmp_path / "last.ckpt", b"new")
+    assert not (tmp_path / "last.ckpt").is_symlink()
+    assert (tmp_path / "last.ckpt").read_bytes() == b"new"
+    assert (tmp_path / "other").read_bytes() == b"other"
+
+
+# ------------------------------------------------------------------ write_bytes_atomic
+
+
+def test_write_bytes_atomic_replaces(old: Path) -> None:
+    """write_bytes_atomic replaces the file and returns its path."""
+    assert write_bytes_atomic(old, b"new") == old
+    assert old.read_bytes() == b"new"
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+def test_write_bytes_atomic_enospc_leaves_the_old_file(
+    old: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC while flushing the data: the old file is intact and the temporary is gone."""
+    hits = inject(monkeypatch, "fsync_fd", errno.ENOSPC)
+    with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)) as info:
+        write_bytes_atomic(old, b"new")
+    assert hits, "the injected fault did not fire"
+    assert info.value.errno == errno.ENOSPC
+    assert old.read_bytes() == b"old"
+    assert listing(old.parent) == ["model.ckpt"]
+
+
+# ------------------------------------------------------------------ replace_symlink
+
+
+def test_replace_symlink_points_the_link_at_the_new_target(tmp_path: Path) -> None:
+    """A link (or a regular file) at the name is replaced by a link to the new target."""
+    (tmp_path / "a.ckpt").write_bytes(b"a")
+    (tmp_path / "b.ckpt").write_bytes(b"b")
+    replace_symlink("a.ckpt", tmp_path / "last.ckpt")
+    assert os.readlink(tmp_path / "last.ckpt") == "a.ckpt"
+    replace_symlink("b.ckpt", tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt").read_bytes() == b"b"
+    assert listing(tmp_path) == ["a.ckpt", "b.ckpt", "last.ckpt"]
+    (tmp_path / "plain").write_bytes(b"p")
+    replace_symlink("a.ckpt", tmp_path / "plain")
+    assert os.readlink(tmp_path / "plain") == "a.ckpt"
+
+
+def test_replace_symlink_failure_leaves_the_old_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO at the rename: the old link still names the old target, no temporary is left."""
+    (tmp_path / "last.ckpt").symlink_to("a.ckpt")
+    hits = inject(monkeypatch, "rename", errno.EIO)
+    with pytest.raises(OSError, match=os.strerror(errno.EIO)) as info:
+        replace_symlink("b.ckpt", tmp_path / "last.ckpt")
+    assert hits, "the injected fault did not fire"
+    assert info.value.errno == errno.EIO
+    assert os.readlink(tmp_path / "last.ckpt") == "a.ckpt"
+    assert listing(tmp_path) == ["last.ckpt"]
+
+
+def test_replace_symlink_refuses_a_directory(tmp_path: Path) -> None:
+    """A real directory at the link's name is left alone (IsADirectoryError)."""
+    (tmp_path / "last.ckpt").mkdir()
+    with pytest.raises(IsADirectoryError):
+        replace_symlink("a.ckpt", tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt").is_dir()
+    assert listing(tmp_path) == ["last.ckpt"]
+
+
+# ------------------------------------------------------------------ remove_file
+
+
+def test_remove_file_unlinks_and_fsyncs_the_directory(
+    old: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is gone and its directory fsynced; a second remove reports False."""
+    synced: list[Path] = []
+    real = _fs.fsync_dir
+    monkeypatch.setattr(_fs, "fsync_dir", lambda p: (synced.append(Path(p)), real(p))[1])
+    assert remove_file(old) is True
+    assert synced == [old.parent]
+    assert listing(old.parent) == []
+    assert remove_file(old) is False
+    with pytest.raises(FileNotFoundError):
+        remove_file(old, missing_ok=False)
+
+
+def test_remove_file_removes_a_symlink_not_its_target(tmp_path: Path) -> None:
+    """A symlink is removed itself; the file it names stays."""
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "l").symlink_to("a")
+    remove_file(tmp_path / "l")
+    assert listing(tmp_path) == ["a"]
+
+
+def test_remove_file_fsync_failure_says_not_durable(
+    old: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO at the directory fsync after the unlink: NotDurableError."""
+    hits = inject(monkeypatch, "fsync_dir", errno.EIO)
+    with pytest.raises(NotDurableError, match="may be back"):
+        remove_file(old)
+    assert hits
+
+
+# ------------------------------------------------------------------ clean_temporaries
+
+
+def test_clean_temporaries_removes_only_orphaned_temporaries(old: Path) -> None:
+    """Temporary files, links and trees that interrupted writes left go; all else stays."""
+    directory = old.parent
+    left = directory / _onefile.temp_name("model.ckpt")
+    left.write_bytes(b"half")
+    link = directory / _onefile.temp_name("last.ckpt")
+    link.symlink_to("model.ckpt")
+    keep = [".hidden", "x.tmp-" + "0" * 32, "." + "y.tmp-" + "0" * 31]
+    for name in keep:
+        (directory / name).write_bytes(b"mine")
+    tree = directory / _onefile.temp_name("sharded.ckpt")
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "shard").write_bytes(b"half")
+    removed = clean_temporaries(directory)
+    assert sorted(removed) == sorted([left, link, tree])
+    assert sorted(listing(directory)) == sorted(["model.ckpt", *keep])
+    assert clean_temporaries(directory / "missing") == []
+
+
+# ------------------------------------------------------------------ directories
+
+
+def make_tree(path: Path, content: bytes) -> Path:
+    (path / "sub").mkdir(parents=True)
+    (path / "sub" / "shard").write_bytes(content)
+    return path
+
+
+def test_commit_directory_puts_a_new_directory_in_place(tmp_path: Path) -> None:
+    """A new directory is fsynced (every file and subdirectory) and renamed into place."""
+    synced: list[str] = []
+    staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
+    real_file, real_dir = _fs.fsync_file, _fs.fsync_dir
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_fs, "fsync_file", lambda p: (synced.append(Path(p).name), real_file(p))[1])
+        mp.setattr(_fs, "fsync_dir", lambda p: (synced.append(Path(p).name), real_dir(p))[1])
+        commit_directory(staging, tmp_path / "a.ckpt")
+    assert sorted(synced[:2]) == ["shard", "sub"]  # before the rename, in any order
+    assert synced[2:] == [staging.name, tmp_path.name]
+    assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"new"
+    assert listing(tmp_path) == ["a.ckpt"]
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_commit_directory_replaces_an_existing_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """An existing directory is replaced (exchanged, or moved aside where the filesystem
+    cannot exchange) and its old copy removed."""
+    make_tree(tmp_path / "a.ckpt", b"old")
+    hits = [] if exchange else inject(monkeypatch, "rename_exchange", errno.EINVAL)
+    staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
+    commit_directory(staging, tmp_path / "a.ckpt")
+    assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"new"
+    assert listing(tmp_path) == ["a.ckpt"]
+    assert bool(hits) is not exchange
+
+
+def test_commit_directory_failure_leaves_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC while fsyncing the new tree: the old directory is untouched, staging is gone."""
+    make_tree(tmp_path / "a.ckpt", b"old")
+    staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
+    hits = inject(monkeypatch, "fsync_file", errno.ENOSPC)
+    with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)):
+        commit_directory(staging, tmp_path / "a.ckpt")
+    assert hits, "the injected fault did not fire"
+    assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"old"
+    assert listing(tmp_path) == ["a.ckpt"]
+    other = make_tree(tmp_path / "elsewhere" / "x", b"x")
+    with pytest.raises(ValueError, match="beside"):
+        commit_directory(other, tmp_path / "x")
+
+
+def test_remove_directory_is_atomic_and_durable(tmp_path: Path) -> None:
+    """A directory disappears under its name at once (renamed aside, then removed)."""
+    make_tree(tmp_path / "a.ckpt", b"old")
+    (tmp_path / "f").write_bytes(b"f")
+    assert remove_directory(tmp_path / "a.ckpt") is True
+    assert remove_directory(tmp_path / "a.ckpt") is False
+    assert remove_directory(tmp_path / "f") is True  # a file: as remove_file
+    assert listing(tmp_path) == []
+
+
+# ------------------------------------------------------------------ power loss
+
+Op = tuple[str, str]
+
+
+def crash_outcomes(ops: list[Op], crash_point: int) -> set[str]:
+    """What the target may hold after a power loss following ``ops[:crash_point]``.
+
+    The crash model of PROTOCOL.md: data not fsynced may be lost or torn; a rename is
+    durable only after its directory is fsynced, and before that may or may not survive.
+    """
+    done = ops[:crash_point]
+    renamed = [i for i, op in enumerate(done) if op[0] == "rename"]
+    if not renamed:
+        return {"old"}
+    r = renamed[0]
+    data_synced = ("fsync_file", "tmp") in done[:r]
+    dir_synced = ("fsync_dir", "dir") in done[r + 1 :]
+    new = {"new"} if data_synced else {"new", "torn"}
+    return new if dir_synced else {"old"} | new
+
+
+def record(monkeypatch: pytest.MonkeyPatch, tmp_dir: Path, old: Path) -> list[Op]:
+    """Run one atomic_write over ``old`` and log its _fs operations as (kind, which)."""
+    ops: list[Op] = []
+
+    def hook(name: str) -> None:
+        real = getattr(_fs, name)
+
+        def logged(*args: Any, **kwargs: Any) -> Any:
+            which = "dir" if Path(args[0]) == tmp_dir else "tmp"
+            ops.append((name, which))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_fs, name, logged)
+
+    for name in ("fsync_file", "fsync_dir", "rename"):
+        hook(name)
+    with atomic_write(old) as tmp:
+        tmp.write_bytes(b"new")
+    return ops
+
+
+def test_power_loss_at_any_point_leaves_old_or_new_and_new_once_returned(
+    old: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At every crash point the target holds the old or the new bytes, and the new once it
+    returned; the same checker rejects the order without either fsync (it can fail)."""
+    ops = record(monkeypatch, old.parent, old)
+    assert ops == [("fsync_file", "tmp"), ("rename", "tmp"), ("fsync_dir", "dir")]
+    for point in range(len(ops) + 1):
+        assert crash_outcomes(ops, point) <= {"old", "new"}, point
+    assert crash_outcomes(ops, len(ops)) == {"new"}
+    no_data_fsync = [op for op in ops if op[0] != "fsync_file"]
+    assert "torn" in crash_outcomes(no_data_fsync, len(no_data_fsync))
+    no_dir_fsync = [op for op in ops if op[0] != "fsync_dir"]
+    assert "old" in crash_outcomes(no_dir_fsync, len(no_dir_fsync))
