@@ -3,6 +3,11 @@
 Exit status: 0 success; 1 "nothing there" (no checkpoint, a failed
 verification) so shell scripts can branch on it; 2 an error (bad input, I/O).
 Errors print one line on stderr, never a traceback.
+
+ROOT is a directory or an object-store URL (``s3://bucket/prefix``,
+``memory://``): ``ls``, ``latest``, ``verify``, ``clean``, ``prune`` and ``fetch``
+take either (a URL needs the ``s3`` extra; ``--storage-options`` passes a JSON
+object to fsspec, and the usual AWS environment variables work).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from . import (
     CheckpointDir,
@@ -26,6 +31,9 @@ from . import (
     __version__,
     parse_step,
 )
+
+if TYPE_CHECKING:
+    from .remote import RemoteCheckpointDir, RemoteEntry
 
 EXIT_OK = 0
 EXIT_NONE = 1
@@ -50,8 +58,17 @@ def _parser() -> argparse.ArgumentParser:
 
     def root_cmd(name: str, help: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help, description=help)
-        c.add_argument("root", metavar="ROOT", help="the checkpoint root directory")
+        c.add_argument(
+            "root", metavar="ROOT", help="the checkpoint root: a directory or s3://bucket/prefix"
+        )
         c.add_argument("--prefix", default="", help="step directory prefix, e.g. checkpoint-")
+        c.add_argument(
+            "--storage-options",
+            metavar="JSON",
+            type=_json_object,
+            default=None,
+            help='for a URL: fsspec options as a JSON object, e.g. \'{"endpoint_url": "..."}\'',
+        )
         return c
 
     c = root_cmd("ls", "list steps: complete, unmarked (no marker) and staging")
@@ -64,11 +81,23 @@ def _parser() -> argparse.ArgumentParser:
     c = root_cmd("clean", "remove staging dirs left by crashed or killed saves")
     c.add_argument("--dry-run", action="store_true", help="only show what would be removed")
     c.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="for a URL: remove only uncommitted attempts older than this (default 3600)",
+    )
+    c.add_argument(
         "--force",
         action="store_true",
         help="also remove NAME.tmp-<32 hex> entries that carry no evidence atomic_ckpt made "
         "them (e.g. a staging dir whose lock file a power loss dropped)",
     )
+    c = root_cmd("prune", "delete all but the newest complete checkpoints")
+    c.add_argument("--keep-last", type=int, required=True, metavar="N", help="keep N (>= 1)")
+    c = root_cmd("fetch", "download a checkpoint from a URL into a new local directory")
+    c.add_argument("step", metavar="STEP", type=int, help="the step (see `latest`)")
+    c.add_argument("dest", metavar="DEST", help="the new directory (must not exist)")
     c = sub.add_parser(
         "mark-complete",
         help="adopt a checkpoint directory written without atomic_ckpt",
@@ -100,7 +129,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _is_url(root: str) -> bool:
+    return "://" in root
+
+
+def _remote(args: argparse.Namespace) -> RemoteCheckpointDir:
+    from .remote import RemoteCheckpointDir  # ImportError names the extra
+
+    return RemoteCheckpointDir(args.root, storage_options=args.storage_options, prefix=args.prefix)
+
+
 def _open(args: argparse.Namespace) -> CheckpointDir:
+    if args.storage_options is not None:
+        raise _Failure("--storage-options applies to a URL root only")
     ckpts = CheckpointDir(args.root, prefix=args.prefix)
     if not ckpts.root.is_dir():
         raise _Failure(f"no checkpoints: {ckpts.root} does not exist", EXIT_NONE)
@@ -162,38 +213,90 @@ def _row(e: Entry) -> dict[str, Any] | None:
     }
 
 
+def _remote_row(e: RemoteEntry) -> dict[str, Any]:
+    m = e.manifest
+    return {
+        "step": e.step,
+        "status": e.status,
+        "files": m.file_count if m is not None else 0,
+        "size": m.total_size if m is not None else 0,
+        "created": m.created if m is not None else None,
+        "path": e.url,
+        **({"problem": e.problem} if e.problem else {}),
+        **({"attempts": e.attempts} if e.status != "complete" else {}),
+    }
+
+
 def _ls(args: argparse.Namespace) -> int:
-    ckpts = _open(args)
-    rows = [r for e in ckpts.entries(include_staging=True) if (r := _row(e)) is not None]
+    if _is_url(args.root):
+        remote = _remote(args)
+        rows = [_remote_row(e) for e in remote.entries()]
+        where = remote.url
+    else:
+        ckpts = _open(args)
+        rows = [r for e in ckpts.entries(include_staging=True) if (r := _row(e)) is not None]
+        where = str(ckpts.root)
     if args.json:
         print(json.dumps(rows, indent=1))
         return EXIT_OK
     if not rows:
-        print(f"no checkpoints in {ckpts.root}")
+        print(f"no checkpoints in {where}")
         return EXIT_OK
-    print(f"{'STEP':>8}  {'STATUS':<9} {'FILES':>5} {'SIZE':>10}  {'CREATED':<19}  PATH")
+    w = max(9, *(len(r["status"]) for r in rows))  # remote: "uncommitted"
+    print(f"{'STEP':>8}  {'STATUS':<{w}} {'FILES':>5} {'SIZE':>10}  {'CREATED':<19}  PATH")
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"] or 0))
         step = "-" if r["step"] is None else str(r["step"])
         print(
-            f"{step:>8}  {r['status']:<9} {r['files']:>5} {_human(r['size']):>10}  {when}  "
+            f"{step:>8}  {r['status']:<{w}} {r['files']:>5} {_human(r['size']):>10}  {when}  "
             f"{r['path']}"
         )
     return EXIT_OK
 
 
 def _latest(args: argparse.Namespace) -> int:
-    ckpt = _open(args).latest()
-    if ckpt is None:
+    found: tuple[int, str] | None
+    if _is_url(args.root):
+        remote_ckpt = _remote(args).latest()
+        found = None if remote_ckpt is None else (remote_ckpt.step, remote_ckpt.url)
+    else:
+        ckpt = _open(args).latest()
+        found = None if ckpt is None else (ckpt.step, str(ckpt.path))
+    if found is None:
         raise _Failure(f"no complete checkpoint in {args.root}", EXIT_NONE)
     if args.json:
-        print(json.dumps({"step": ckpt.step, "path": str(ckpt.path)}))
+        print(json.dumps({"step": found[0], "path": found[1]}))
     else:
-        print(ckpt.path)
+        print(found[1])
     return EXIT_OK
 
 
+def _verify_remote(args: argparse.Namespace) -> int:
+    remote = _remote(args)
+    steps = [args.step] if args.step is not None else remote.steps()
+    if not steps:
+        raise _Failure(f"no complete checkpoint in {remote.url}", EXIT_NONE)
+    results: list[dict[str, Any]] = []
+    for step in steps:
+        try:
+            ckpt = remote.verify(step)
+            results.append({"step": step, "ok": True, "legacy": False, "path": ckpt.url})
+        except (CheckpointNotFoundError, VerificationError) as exc:
+            result: dict[str, Any] = {"step": step, "ok": False, "error": str(exc)}
+            if isinstance(exc, VerificationError):
+                result["problems"] = list(exc.problems)
+            results.append(result)
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for r in results:
+            print(f"step {r['step']}: ok" if r["ok"] else f"step {r['step']}: FAILED: {r['error']}")
+    return EXIT_OK if all(r["ok"] for r in results) else EXIT_NONE
+
+
 def _verify(args: argparse.Namespace) -> int:
+    if _is_url(args.root):
+        return _verify_remote(args)
     ckpts = _open(args)
     listed = args.step is None
     steps = [args.step] if args.step is not None else ckpts.steps()
@@ -307,13 +410,44 @@ def _clock(seconds: float) -> str:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    ckpts = CheckpointDir(args.root, prefix=args.prefix)
-    removed = ckpts.clean(dry_run=args.dry_run, force=args.force)
+    removed: list[Path] | list[str]
+    if _is_url(args.root):
+        if args.force:
+            raise _Failure("--force applies to a local root only")
+        removed = _remote(args).clean(dry_run=args.dry_run, grace=args.grace)
+    else:
+        if args.grace is not None:
+            raise _Failure("--grace applies to a URL root only")
+        if args.storage_options is not None:
+            raise _Failure("--storage-options applies to a URL root only")
+        ckpts = CheckpointDir(args.root, prefix=args.prefix)
+        removed = ckpts.clean(dry_run=args.dry_run, force=args.force)
     verb = "would remove" if args.dry_run else "removed"
     for path in removed:
         print(f"{verb} {path}")
     if not removed:
         print("nothing to clean")
+    return EXIT_OK
+
+
+def _prune(args: argparse.Namespace) -> int:
+    deleted: list[Path] | list[str]
+    if _is_url(args.root):
+        deleted = _remote(args).prune(keep_last=args.keep_last)
+    else:
+        deleted = _open(args).prune(keep_last=args.keep_last)
+    for path in deleted:
+        print(f"deleted {path}")
+    if not deleted:
+        print("nothing to delete")
+    return EXIT_OK
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    if not _is_url(args.root):
+        raise _Failure("fetch downloads from a URL root (s3://bucket/prefix); copy local ones")
+    ckpt = _remote(args).fetch(args.step, args.dest)
+    print(ckpt.path)
     return EXIT_OK
 
 
@@ -341,6 +475,8 @@ _COMMANDS = {
     "latest": _latest,
     "verify": _verify,
     "clean": _clean,
+    "prune": _prune,
+    "fetch": _fetch,
     "mark-complete": _mark_complete,
     "demo": _demo,
 }

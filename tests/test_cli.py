@@ -174,3 +174,23 @@ def test_ls_survives_a_hostile_manifest_timestamp(ckpts: CheckpointDir, capsys) 
     marker.write_text(json.dumps(doc))
     assert main(["ls", str(ckpts.root)]) == 0
     assert "complete" in capsys.readouterr().out
+
+
+def test_prune_local_root(populated: CheckpointDir, capsys) -> None:
+    """`prune --keep-last 1` deletes all but the newest complete step of a local root."""
+    assert main(["prune", str(populated.root), "--keep-last", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"deleted {populated.root / '1'}"
+    assert populated.steps() == [2]
+    assert main(["prune", str(populated.root), "--keep-last", "1"]) == 0
+    assert capsys.readouterr().out.strip() == "nothing to delete"
+
+
+def test_url_only_options_are_refused_for_a_local_root(populated: CheckpointDir, capsys) -> None:
+    """fetch, --grace and --storage-options need a URL root: one line, exit 2."""
+    root = str(populated.root)
+    assert main(["fetch", root, "1", str(populated.root.parent / "out")]) == 2
+    assert "URL" in capsys.readouterr().err
+    assert main(["clean", root, "--grace", "0"]) == 2
+    assert "URL" in capsys.readouterr().err
+    assert main(["ls", root, "--storage-options", "{}"]) == 2
+    assert "URL" in capsys.readouterr().err

@@ -1,0 +1,43 @@
+"""Atomic checkpoints in object storage (S3 and S3-compatible stores), committed with a
+conditional write. Needs the ``s3`` extra: ``pip install 'atomic_ckpt[s3]'``.
+
+::
+
+    from atomic_ckpt.remote import RemoteCheckpointDir
+
+    ckpts = RemoteCheckpointDir("s3://bucket/run1")
+    with ckpts.commit(step) as path:      # a local staging directory
+        save_everything_into(path)
+    # here s3://bucket/run1/<step> is complete, or untouched on error
+    last = ckpts.latest()
+
+The protocol and its invariants: docs/object_storage.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+try:
+    importlib.import_module("fsspec")
+except ImportError as exc:  # pragma: no cover (the extra is installed in CI)
+    raise ImportError(
+        "atomic_ckpt.remote needs fsspec and s3fs: pip install 'atomic_ckpt[s3]'"
+    ) from exc
+
+from ._dir import DEFAULT_GRACE, RemoteCheckpointDir, RemoteCommit, RemoteEntry
+from ._mirror import AsyncRemoteCommitter, Mirror
+from ._protocol import ATTEMPT_KEY, RemoteCheckpoint
+from ._store import UnsupportedStoreError
+
+__all__ = [
+    "ATTEMPT_KEY",
+    "DEFAULT_GRACE",
+    "AsyncRemoteCommitter",
+    "Mirror",
+    "RemoteCheckpoint",
+    "RemoteCheckpointDir",
+    "RemoteCommit",
+    "RemoteEntry",
+    "UnsupportedStoreError",
+]

@@ -1,0 +1,218 @@
+"""Uploading in the background: an AsyncCommitter over a remote root, and a Mirror that
+commits locally (the only wait) and copies each checkpoint to the remote behind it."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, SupportsIndex
+
+from .. import AsyncCommitter, CheckpointDir, CommitterClosedError, RetentionPolicy
+from ._dir import RemoteCheckpointDir
+from ._protocol import RemoteCheckpoint
+
+log = logging.getLogger(__name__)
+
+
+class AsyncRemoteCommitter(AsyncCommitter):
+    """:class:`~atomic_ckpt.AsyncCommitter` over a remote root: ``save(step, state)``
+    copies the state (or takes a save function), and a background thread writes it
+    into a local staging directory and commits it to the store. Errors surface on the
+    next ``save``, ``wait`` or ``close``, as there. ``writer(state, directory)`` writes a
+    copied state (default: ``torch.save`` to ``state.pt``)."""
+
+    def __init__(
+        self,
+        remote: RemoteCheckpointDir,
+        *,
+        writer: Callable[[Any, Path], None] | None = None,
+        retain: RetentionPolicy | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"retain": retain}
+        if writer is not None:
+            kwargs["writer"] = writer
+        # AsyncCommitter needs begin(step, metadata=, retain=) -> a handle with .path
+        # used as a context manager: RemoteCheckpointDir has exactly that.
+        super().__init__(remote, **kwargs)  # type: ignore[arg-type]
+
+
+class Mirror:
+    """Commit to a local :class:`~atomic_ckpt.CheckpointDir`, then mirror to a remote root.
+
+    ::
+
+        mirror = Mirror(CheckpointDir("/nvme/ckpts"), RemoteCheckpointDir("s3://b/run"))
+        with mirror.commit(step) as path:   # blocks for the local commit only
+            save(path)
+        ...
+        mirror.close()                      # waits for the last upload, raises its error
+
+    After each local commit the checkpoint is snapshotted (hard links, or copies
+    across filesystems, in ``snapshot_dir``: default the remote's staging
+    directory) so local pruning cannot pull files from under the upload, and
+    queued. One upload runs at a time; a step queued while an older one still
+    waits replaces it (the remote gets the newest). The remote only ever shows
+    complete steps: each upload is an ordinary remote commit. A failed upload is
+    raised by the next ``commit``, ``mirror``, ``wait`` or ``close`` (before any new
+    work starts). ``retain`` is applied to the remote after each upload.
+    """
+
+    def __init__(
+        self,
+        local: CheckpointDir,
+        remote: RemoteCheckpointDir,
+        *,
+        retain: RetentionPolicy | None = None,
+        snapshot_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.local = local
+        self.remote = remote
+        self._retain = retain
+        self._snapshot_dir = Path(snapshot_dir) if snapshot_dir else remote.staging_dir
+        self._cond = threading.Condition()
+        self._pending: tuple[int, Path, Mapping[str, Any]] | None = None
+        self._current: int | None = None
+        self._busy = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self._uploaded: list[RemoteCheckpoint] = []
+
+    def __repr__(self) -> str:
+        return f"Mirror({self.local!r}, {self.remote!r})"
+
+    @property
+    def uploaded(self) -> list[RemoteCheckpoint]:
+        """The checkpoints mirrored so far, in order."""
+        with self._cond:
+            return list(self._uploaded)
+
+    @property
+    def pending(self) -> int | None:
+        """The newest step queued or being uploaded, or None once all are done."""
+        with self._cond:
+            if self._pending is not None:
+                return self._pending[0]
+            return self._current
+
+    @contextlib.contextmanager
+    def commit(
+        self, step: SupportsIndex, *, metadata: Mapping[str, Any] | None = None
+    ) -> Iterator[Path]:
+        """``local.commit(step)``, then queue the checkpoint for upload. Raises a failed
+        upload's error first (and then commits nothing)."""
+        self._raise_failure(new_work=True)
+        with self.local.commit(step, metadata=metadata) as path:
+            yield path
+        self.mirror(step)
+
+    def mirror(self, step: SupportsIndex) -> None:
+        """Queue the local complete checkpoint of ``step`` for upload."""
+        self._raise_failure(new_work=True)
+        ckpt = self.local.get(step)
+        snapshot = _snapshot(ckpt.path, self._snapshot_dir)
+        with self._cond:
+            if self._pending is not None:
+                old = self._pending[0]
+                log.info("mirror: step %d superseded by %d before its upload", old, ckpt.step)
+                shutil.rmtree(self._pending[1], ignore_errors=True)
+            self._pending = (ckpt.step, snapshot, dict(ckpt.manifest.metadata))
+            if not self._busy:
+                # A thread per burst of work, not one idling forever: nothing keeps the
+                # interpreter from exiting once the uploads are done. Not a daemon: an
+                # upload in flight at exit is finished, not cut off.
+                self._busy = True
+                threading.Thread(target=self._work, name="atomic_ckpt-mirror").start()
+
+    def wait(self) -> None:
+        """Wait until every queued upload is done; raise a failed one's error."""
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+        self._raise_failure()
+
+    def close(self) -> None:
+        """Wait for the queued uploads and refuse new ones; raise a failed upload's error."""
+        with self._cond:
+            self._closed = True
+        self.wait()
+
+    def __enter__(self) -> Mirror:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except BaseException as failed:
+            exc.add_note(f"atomic_ckpt: the mirror failed as well: {failed!r}")
+
+    def _raise_failure(self, *, new_work: bool = False) -> None:
+        with self._cond:
+            error, self._error = self._error, None
+            closed = self._closed
+        if error is not None:
+            raise error
+        if new_work and closed:
+            raise CommitterClosedError("this Mirror is closed; make a new one")
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if self._pending is None:
+                    self._busy = False
+                    self._current = None
+                    self._cond.notify_all()
+                    return
+                step, snapshot, metadata = self._pending
+                self._pending = None
+                self._current = step
+            try:
+                done = self.remote.upload(step, snapshot, metadata=metadata)
+                if self._retain is not None:
+                    self.remote.retain(self._retain)
+            except BaseException as exc:
+                exc.add_note(f"atomic_ckpt: raised by the mirror upload of step {step}")
+                log.error("mirror upload of step %d failed: %r", step, exc)
+                with self._cond:
+                    self._error = exc
+            else:
+                with self._cond:
+                    self._uploaded.append(done)
+            finally:
+                shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _snapshot(source: Path, parent: Path) -> Path:
+    """A private copy of the checkpoint ``source``: hard links where possible."""
+    parent.mkdir(parents=True, exist_ok=True)
+    dest = parent / f"atomic_ckpt-mirror.tmp-{uuid.uuid4().hex}"
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+            shutil.copy2(src, dst, follow_symlinks=False)
+
+    try:
+        shutil.copytree(source, dest, symlinks=True, copy_function=link)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest

@@ -1,0 +1,159 @@
+"""Helpers shared by the remote tests and their child processes (no pytest here)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiobotocore.awsrequest import AioAWSResponse
+from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+
+SMALL_PART = 5 << 20
+"""The smallest part S3 (and moto) accept: the tests' multipart uploads use it."""
+
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # No reading of a developer's ~/.aws, no instance metadata lookups.
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@dataclass(frozen=True)
+class S3:
+    """The running server: its endpoint and the environment a child process needs."""
+
+    endpoint: str
+    env: dict[str, str]
+
+    def options(self, **extra: Any) -> dict[str, Any]:
+        """storage_options for s3fs: this endpoint, a fresh client (no instance cache)."""
+        return {"endpoint_url": self.endpoint, "skip_instance_cache": True, **extra}
+
+
+def write_tree(path: Path, seed: int, *, big: int = 0) -> dict[str, bytes]:
+    """Write a small checkpoint (a few files, a subdirectory, optionally one ``big`` file of
+    that many bytes) whose bytes depend on ``seed``; return {relative path: bytes}."""
+    rng = random.Random(seed)
+    files = {
+        "model.bin": rng.randbytes(3000 + seed),
+        "optim/state.bin": rng.randbytes(1000),
+        "meta.json": f'{{"seed": {seed}}}'.encode(),
+        "empty": b"",
+    }
+    if big:
+        files["big.bin"] = rng.randbytes(big)
+    for rel, data in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_bytes(data)
+    return files
+
+
+def read_tree(path: Path) -> dict[str, bytes]:
+    """{relative path: bytes} of every regular file under ``path`` but the marker."""
+    return {
+        p.relative_to(path).as_posix(): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and not p.is_symlink() and p.name != "checkpoint_complete"
+    }
+
+
+# ---------------------------------------------------------------- request hooks
+
+_ERROR_500 = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
+    b"<Message>injected</Message></Error>"
+)
+
+
+class _Raw:
+    """The body of an injected response, read the way aiobotocore reads one."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    async def read(self, n: int = -1) -> bytes:
+        data, self._data = self._data, b""
+        return data
+
+
+@dataclass
+class Fault:
+    """Fail the requests of ``operation`` whose URL contains ``match``: the first
+    ``times`` of them (or all, ``times=None``), doing ``what``. Counts what it did."""
+
+    operation: str
+    what: str  # "500", "drop", "timeout", "timeout-after-send"
+    match: str = ""
+    times: int | None = 1
+    fired: int = 0
+    seen: list[int] = field(default_factory=list)
+    """HTTP status of every response to a matching request (what the retries met)."""
+
+    def install(self, rdir: Any) -> None:
+        events = rdir.fs.s3.meta.events
+        events.register(f"before-send.s3.{self.operation}", self._before_send)
+        events.register(f"after-call.s3.{self.operation}", self._after_call)
+
+    def _before_send(self, request: Any, **_: Any) -> Any:
+        if self.match not in request.url or (self.times is not None and self.fired >= self.times):
+            return None
+        self.fired += 1
+        if self.what == "500":
+            headers = {"Content-Type": "application/xml"}
+            return AioAWSResponse(request.url, 500, headers, _Raw(_ERROR_500))
+        if self.what == "drop":
+            raise ConnectionClosedError(endpoint_url=request.url)
+        if self.what == "timeout-after-send":
+            # The request reaches the server and is applied; its response is lost.
+            body = request.body
+            if not isinstance(body, bytes):  # a stream: read it whole, then rewind it
+                body.seek(0)
+                body, _ = body.read(), body.seek(0)
+            headers = {k: v for k, v in request.headers.items() if k.lower() != "expect"}
+            # Without a type urllib sends a form, which the server's framework consumes.
+            headers.setdefault("Content-Type", "application/octet-stream")
+            sent = urllib.request.Request(
+                request.url, data=body, method=request.method, headers=headers
+            )
+            with urllib.request.urlopen(sent, timeout=30) as response:
+                self.seen.append(response.status)
+        raise ReadTimeoutError(endpoint_url=request.url)
+
+    def _after_call(self, http_response: Any, **_: Any) -> None:
+        if self.match in str(getattr(http_response, "url", "")):
+            self.seen.append(http_response.status_code)
+
+
+@dataclass
+class Gate:
+    """Hold the requests of ``operation`` whose URL contains ``match`` until ``release()``
+    (an async hook: s3fs's event loop, shared by every client, keeps running)."""
+
+    operation: str
+    match: str = ""
+    held: threading.Event = field(default_factory=threading.Event)
+    _open: threading.Event = field(default_factory=threading.Event)
+
+    def install(self, rdir: Any) -> None:
+        rdir.fs.s3.meta.events.register(f"before-send.s3.{self.operation}", self._before_send)
+
+    async def _before_send(self, request: Any, **_: Any) -> None:
+        if self.match not in request.url:
+            return
+        self.held.set()
+        while not self._open.is_set():
+            await asyncio.sleep(0.01)
+
+    def release(self) -> None:
+        self._open.set()

@@ -1,0 +1,89 @@
+"""``atomic-ckpt`` with an s3:// root (moto over HTTP): ls, latest, verify, prune, clean,
+fetch; endpoint and credentials from --storage-options and the environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _remote_support import S3, read_tree, write_tree
+
+from atomic_ckpt import CheckpointDir
+from atomic_ckpt.cli import main
+from atomic_ckpt.remote import RemoteCheckpointDir
+
+
+@pytest.fixture
+def populated(remote: RemoteCheckpointDir) -> RemoteCheckpointDir:
+    """Steps 1, 2 and 3 complete, and an uncommitted attempt of step 4."""
+    for step in (1, 2, 3):
+        with remote.commit(step, metadata={"loss": 1.0 / step}) as path:
+            write_tree(path, step)
+    from atomic_ckpt.remote import _store
+
+    src = Path(remote._staging_dir or ".") / "orphan.bin"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_bytes(b"half an upload")
+    remote._store.upload([_store.Upload(src, f"4/{'a' * 32}/model.bin", 14)])
+    return remote
+
+
+def _opts(s3: S3) -> list[str]:
+    return ["--storage-options", json.dumps({"endpoint_url": s3.endpoint})]
+
+
+def test_ls_latest_verify(populated: RemoteCheckpointDir, s3_server: S3, capsys) -> None:
+    """ls shows complete and uncommitted steps; latest prints the URL; verify checks all."""
+    url = populated.url
+    assert main(["ls", url, *_opts(s3_server), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["status"]) for r in rows] == [
+        (1, "complete"),
+        (2, "complete"),
+        (3, "complete"),
+        (4, "uncommitted"),
+    ]
+    assert main(["ls", url, *_opts(s3_server)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["STEP", "STATUS"]
+    assert out[-1].split()[:2] == ["4", "uncommitted"]
+    assert main(["latest", url, *_opts(s3_server)]) == 0
+    assert capsys.readouterr().out.strip() == f"{url}/3"
+    assert main(["verify", url, *_opts(s3_server)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"step {s}: ok" for s in (1, 2, 3)]
+    assert main(["verify", url, "7", *_opts(s3_server)]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_prune_clean_fetch(
+    populated: RemoteCheckpointDir, s3_server: S3, tmp_path: Path, capsys
+) -> None:
+    """prune deletes old steps, clean --grace 0 removes the uncommitted attempt, fetch
+    downloads a step that then verifies locally."""
+    url = populated.url
+    assert main(["prune", url, "--keep-last", "2", *_opts(s3_server)]) == 0
+    assert capsys.readouterr().out.strip() == f"deleted {url}/1"
+    assert main(["clean", url, "--dry-run", *_opts(s3_server)]) == 0
+    assert capsys.readouterr().out.strip() == "nothing to clean"  # younger than the grace
+    assert main(["clean", url, "--grace", "0", *_opts(s3_server)]) == 0
+    assert capsys.readouterr().out.strip() == f"removed {url}/4/{'a' * 32}/"
+    dest = tmp_path / "out" / "3"
+    assert main(["fetch", url, "3", str(dest), *_opts(s3_server)]) == 0
+    assert capsys.readouterr().out.strip() == str(dest)
+    assert read_tree(dest) == write_tree(tmp_path / "expected", 3)
+    assert CheckpointDir(dest.parent).verify(3).step == 3
+    assert main(["fetch", url, "3", str(dest), *_opts(s3_server)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_errors_are_one_line(s3_server: S3, capsys) -> None:
+    """A missing bucket, a bad --storage-options and an unsupported URL each print one
+    line and exit 2."""
+    assert main(["ls", "s3://no-such-bucket-here/x", *_opts(s3_server)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        main(["ls", "s3://b/x", "--storage-options", "[1]"])
+    capsys.readouterr()
+    assert main(["ls", "file:///tmp/x"]) == 2
+    assert "CheckpointDir" in capsys.readouterr().err
