@@ -32,7 +32,6 @@ from ._names import (
     TAG_OLD,
     is_marker_name,
     parse_tmp,
-    tmp_name,
 )
 from ._read import Checkpoint
 from ._retention import RetentionPolicy
@@ -333,7 +332,7 @@ class Commit:
         tmp = parse_tmp(self.path.name)
         assert tmp is not None
         base = self._root.path
-        aside = base / tmp_name(tmp.name, tmp.token, TAG_OLD)
+        aside = base / tmp.sibling(TAG_OLD)
         return os.path.isdir(aside) and not os.path.lexists(base / tmp.name)
 
     def _close(self, *, leaving: Path | None) -> None:

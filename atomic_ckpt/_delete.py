@@ -1,6 +1,6 @@
 """Durable deletes, and the pointers that must never dangle: aliases and ``checkpoint_best``.
 
-A checkpoint is deleted by moving it out of sight (``N.tmp-del-<t>``, the
+A checkpoint is deleted by moving it out of sight (``.tmp-N.del-<t>``, the
 rename made durable under the root lock), then removing it, the marker first,
 outside the lock. The aliases naming it go before it moves; the best pointer
 moves (durably) before anything it protected is deleted. Retention plans are
@@ -57,7 +57,7 @@ def release_one(lock: _locks.Lock, *, remove: bool = False, leaving: Path | None
 def move_aside(root: Root, paths: list[Path]) -> Moved:
     """Move checkpoint directories out of sight, durably (call under the root lock).
 
-    Each gets a token lock and a ``N.tmp-del-<t>`` name; the aliases naming it
+    Each gets a token lock and a ``.tmp-N.del-<t>`` name; the aliases naming it
     go; the root is fsynced once. A path that is already gone is skipped.
     """
     moved: Moved = []

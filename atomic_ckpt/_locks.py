@@ -1,15 +1,21 @@
 """The lock files of a root: ``flock(2)`` on files the library names.
 
 * The root lock (``.atomic_ckpt.tmp-root.lock``) serializes promotion, repair
-  and deletion within a root. Its file is never removed: removing a lock file
-  that another process waits on would let two processes hold "the" lock.
-* A writer holds ``N.tmp-<token>.lock`` for the whole of its save and removes it
+  and deletion within a root. Its holder removes the file (while still holding
+  it) when done, so a root at rest holds nothing but checkpoints; a file left by
+  a killed holder is taken and removed by the next one.
+* A writer holds ``.tmp-N.<token>.lock`` for the whole of its save and removes it
   (while still holding it) when done; ``clean()`` claims a token's lock before it
   touches that token's entries, so a live save is never removed.
 
+Removing a lock file that another process waits on would let two processes hold
+"the" lock, were it not for the check every acquisition makes below. (Versions that
+took the root lock with ``filelock`` did not make it: do not run one against the same
+root at the same time as this one.)
+
 A lock held by a dead process is free: the kernel drops flock locks with the
 last descriptor. Each acquisition opens its own descriptor, so threads of one
-process exclude each other as processes do. A per-token lock file can be
+process exclude each other as processes do. Any lock file can be
 removed by its holder, so every acquisition checks, once it holds the lock,
 that the name still leads to the file it locked (else it lost a race with a
 remover and tries again, or reports the lock as taken). Opened with

@@ -24,9 +24,7 @@ from ._names import (
     MARKER_TMP_PREFIX,
     TAG_OLD,
     TMP_INFIX,
-    lock_name,
     parse_tmp,
-    tmp_name,
 )
 from ._read import read_marker
 from ._root import Root
@@ -51,8 +49,8 @@ def is_restorable(root: Root, path: Path) -> bool:
     base = root.path
     if (
         os.path.lexists(base / tmp.name)
-        or not os.path.isdir(base / tmp_name(tmp.name, tmp.token))
-        or _locks.is_held(base / lock_name(tmp.name, tmp.token))
+        or not os.path.isdir(base / tmp.sibling())
+        or _locks.is_held(base / tmp.lock())
     ):
         return False
     try:
@@ -70,9 +68,9 @@ def restore_asides(root: Root, *, dry_run: bool = False) -> None:
     crashed one: rename it back.
     """
     restored = False
-    old_tag = TMP_INFIX + TAG_OLD
-    # Runs at every commit: filter on the name before touching the disk.
-    for name in sorted(n for n in os.listdir(root.path) if old_tag in n):
+    # Runs at every commit: filter on the name before touching the disk (``.old-``:
+    # this version's form; ``.tmp-old-``: 0.1's).
+    for name in sorted(n for n in os.listdir(root.path) if TMP_INFIX in n and TAG_OLD in n):
         path = root.path / name
         if is_restorable(root, path):
             tmp = parse_tmp(name)
@@ -140,7 +138,7 @@ def orphans(
             continue
         tmp = parse_tmp(ours[0].name)
         assert tmp is not None
-        lock_path = root.path / lock_name(tmp.name, token)
+        lock_path = root.path / tmp.lock()
         if dry_run:
             if not _locks.is_held(lock_path):
                 found += [(p, None) for p in ours if not is_restorable(root, p)]

@@ -94,7 +94,10 @@ class Root:
         try:
             yield
         finally:
-            lock.release()
+            # Removed with its release, so that a root at rest holds only checkpoints
+            # (a tool that takes every entry for one, as Accelerate's automatic
+            # naming does, crashed on it). Safe: see _locks.
+            lock.release(remove=True)
 
 
 def resolve(root: str | os.PathLike[str]) -> Path:

@@ -106,7 +106,7 @@ def promote(root: Root, staging: Path, final: Path) -> Path | None:
     # (see _repair.is_restorable).
     tmp = parse_tmp(staging.name)
     assert tmp is not None
-    aside = root.path / tmp_name(final.name, tmp.token, TAG_OLD)
+    aside = root.path / tmp.sibling(TAG_OLD)
     # The staging dir's entry must be durable before the old copy moves: without it,
     # a power loss could keep the move and lose the staging dir, and the old copy
     # would not be recognized as restorable.

@@ -124,7 +124,7 @@ def test_clean_removes_a_killed_writers_staging_dir_and_lock(
     assert contents(ckpts.path_of(1)) == OLD
     assert sorted(ckpts.clean()) == sorted([w.staging, w.lock])
     assert tmp_entries(ckpts.root) == set()
-    assert set(os.listdir(ckpts.root)) == {"1", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"1"}
     ckpts.verify(1)
     assert ckpts.clean() == []
 
@@ -141,7 +141,7 @@ def test_clean_dry_run_removes_nothing(ckpts: CheckpointDir, writers: list[Write
     assert snapshot(ckpts.root) == before
     assert sorted(would) == sorted([w.staging, w.lock, ckpts.root / f"7.tmp-{TOKEN}.lock"])
     assert sorted(ckpts.clean()) == sorted(would)
-    assert set(os.listdir(ckpts.root)) == {"1", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"1"}
 
 
 def test_clean_removes_orphans_of_every_kind(ckpts: CheckpointDir) -> None:
@@ -157,7 +157,7 @@ def test_clean_removes_orphans_of_every_kind(ckpts: CheckpointDir) -> None:
     (ckpts.root / orphans[2]).write_bytes(b"")
     removed = ckpts.clean()
     assert sorted(p.name for p in removed) == sorted(orphans)
-    assert set(os.listdir(ckpts.root)) == {"1", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"1"}
 
 
 def test_clean_never_touches_checkpoints_or_foreign_names(ckpts: CheckpointDir) -> None:
@@ -184,7 +184,7 @@ def _crash_in_fallback_window(root: str) -> None:
 
     def rename(src: Path, dst: Path) -> None:
         real_rename(src, dst)
-        if f"{TMP_INFIX}old-" in dst.name:
+        if ".old-" in dst.name:
             os.kill(os.getpid(), signal.SIGKILL)
 
     _fs.rename_exchange = no_exchange  # type: ignore[assignment]
@@ -204,7 +204,7 @@ def crashed_in_window(ckpts: CheckpointDir) -> CheckpointDir:
     names = tmp_entries(ckpts.root)
     assert not ckpts.path_of(5).exists()
     assert len(names) == 3  # the old copy aside, the staged new copy and its lock
-    assert any(f"{TMP_INFIX}old-" in n for n in names)
+    assert any(".old-" in n for n in names)
     return ckpts
 
 
@@ -214,7 +214,7 @@ def test_crash_in_the_fallback_window_is_repaired_by_clean(
     """clean() renames the old copy back to `5/` and removes the dead writer's staging and lock."""
     ckpts = crashed_in_window
     assert ckpts.steps() == []  # the documented window: readers see no step 5 ...
-    staged = {n for n in tmp_entries(ckpts.root) if f"{TMP_INFIX}old-" not in n}
+    staged = {n for n in tmp_entries(ckpts.root) if ".old-" not in n}
     assert len(staged) == 2  # the dead writer's new copy and its lock
     before = snapshot(ckpts.root)
     would = ckpts.clean(dry_run=True)
@@ -225,7 +225,7 @@ def test_crash_in_the_fallback_window_is_repaired_by_clean(
     assert ckpts.steps() == [5]
     assert contents(ckpts.path_of(5)) == OLD
     ckpts.verify(5)
-    assert set(os.listdir(ckpts.root)) == {"5", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"5"}
 
 
 def test_crash_in_the_fallback_window_is_repaired_by_the_next_commit(
@@ -238,7 +238,7 @@ def test_crash_in_the_fallback_window_is_repaired_by_the_next_commit(
     assert contents(ckpts.path_of(5)) == OLD
     ckpts.verify(5)
     assert len(ckpts.clean()) == 2  # the dead writer's staging dir and lock
-    assert set(os.listdir(ckpts.root)) == {"5", "6", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"5", "6"}
 
 
 # ---------------------------------------------------------------- prune
@@ -251,7 +251,7 @@ def test_prune_deletes_all_but_the_newest(ckpts: CheckpointDir) -> None:
     removed = ckpts.prune(keep_last=2)
     assert removed == [ckpts.path_of(s) for s in (1, 2, 3)]
     assert ckpts.steps() == [4, 5]
-    assert set(os.listdir(ckpts.root)) == {"4", "5", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"4", "5"}
     assert ckpts.prune(keep_last=2) == []
     assert ckpts.prune(keep_last=10) == []
 
@@ -276,7 +276,7 @@ def test_prune_with_a_prefix(tmp_path: Path) -> None:
     for step in (1, 2):
         commit(ckpts, step)
     assert ckpts.prune(keep_last=1) == [tmp_path / "checkpoint-1"]
-    assert sorted(os.listdir(tmp_path)) == sorted([ROOT_LOCK, "checkpoint-2"])
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2"]
 
 
 @pytest.mark.parametrize("keep_last", [0, -1, True, 1.5, "2", None])
@@ -309,7 +309,7 @@ def test_interrupted_prune_never_leaves_a_complete_looking_dir(ckpts: Checkpoint
             ckpts.prune(keep_last=1)
     assert len(hits) == 1
     half = hits[0]
-    assert f"{TMP_INFIX}del-" in half.name
+    assert ".del-" in half.name
     assert (half / MARKER).is_file()
     assert not (half / "model.bin").exists()
     assert not ckpts.path_of(1).exists()
@@ -320,7 +320,7 @@ def test_interrupted_prune_never_leaves_a_complete_looking_dir(ckpts: Checkpoint
     removed = ckpts.clean()
     assert half in removed
     assert len(removed) == 2  # both moved-aside victims
-    assert set(os.listdir(ckpts.root)) == {"3", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"3"}
     ckpts.verify(3)
 
 

@@ -19,7 +19,7 @@ import atomic_ckpt
 from atomic_ckpt import MARKER, CheckpointDir, __version__, _fs, _tree
 from atomic_ckpt._names import ROOT_LOCK
 
-STAGING_RE = re.compile(r"(?P<step>[0-9]+)\.tmp-[0-9a-f]{32}")
+STAGING_RE = re.compile(r"\.tmp-(?P<step>[0-9]+)\.[0-9a-f]{32}")
 
 
 def commit_files(ckpts: CheckpointDir, step: int, files: Mapping[str, bytes]) -> Path:
@@ -42,7 +42,7 @@ NEW = {"model.bin": b"new model, longer", "new_only/shard.bin": b"\x00" * 100}
 
 
 def test_commit_yields_a_fresh_staging_dir_beside_the_final_name(ckpts: CheckpointDir) -> None:
-    """Inside the block the path is an empty `N.tmp-<uuid4 hex>` dir in the root, not `N/`."""
+    """Inside the block the path is an empty `.tmp-N.<uuid4 hex>` dir in the root, not `N/`."""
     with ckpts.commit(5) as path:
         assert isinstance(path, Path)
         assert path.parent == ckpts.root
@@ -110,14 +110,13 @@ def test_root_is_returned_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert (tmp_path / "ckpts" / "1" / "x").read_bytes() == b"x"
 
 
-def test_nothing_but_the_checkpoint_and_root_lock_is_left_after_commit(
-    ckpts: CheckpointDir,
-) -> None:
-    """After a commit returns, the root holds the checkpoint and the root lock file only."""
+def test_nothing_but_the_checkpoint_is_left_after_commit(ckpts: CheckpointDir) -> None:
+    """After a commit returns, the root holds the checkpoint only: no staging dir, no
+    staging lock, not even the root lock's file (tools that list a root see checkpoints)."""
     commit_files(ckpts, 3, OLD)
-    assert set(os.listdir(ckpts.root)) == {"3", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"3"}
     commit_files(ckpts, 3, NEW)  # a rewrite: the old copy is removed too
-    assert set(os.listdir(ckpts.root)) == {"3", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"3"}
     assert set(os.listdir(ckpts.path_of(3))) == {MARKER, "model.bin", "new_only"}
 
 
@@ -134,7 +133,7 @@ def test_prefix_names_the_step_directories(tmp_path: Path) -> None:
     """With prefix="checkpoint-" a commit of step 5 creates `checkpoint-5`."""
     ckpts = CheckpointDir(tmp_path, prefix="checkpoint-")
     with ckpts.commit(5) as path:
-        assert path.name.startswith("checkpoint-5.tmp-")
+        assert path.name.startswith(".tmp-checkpoint-5.")
         write(path, {"x": b"x"})
     assert (tmp_path / "checkpoint-5" / MARKER).is_file()
     assert ckpts.path_of(5) == tmp_path / "checkpoint-5"
@@ -365,7 +364,9 @@ def test_staging_dir_and_checkpoint_follow_the_umask(tmp_path: Path, umask_027: 
     assert mode(ckpts.root) == 0o750
     assert mode(ckpts.path_of(1)) == 0o750
     assert mode(ckpts.path_of(1) / MARKER) == 0o640
-    assert mode(ckpts.root / ROOT_LOCK) == 0o640
+    with ckpts._root.locked():  # the root lock's file exists only while it is held
+        assert mode(ckpts.root / ROOT_LOCK) == 0o640
+    assert not os.path.lexists(ckpts.root / ROOT_LOCK)
 
 
 # ---------------------------------------------------------------- rewriting a step
@@ -403,7 +404,7 @@ def test_exception_mid_rewrite_leaves_the_old_checkpoint_intact(ckpts: Checkpoin
     assert contents(ckpts.path_of(5)) == OLD
     assert ckpts.get(5).manifest == before
     assert ckpts.verify(5).step == 5
-    assert set(os.listdir(ckpts.root)) == {"5", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"5"}
 
 
 def test_commit_replaces_an_unmarked_directory_of_the_same_step(ckpts: CheckpointDir) -> None:
@@ -412,7 +413,7 @@ def test_commit_replaces_an_unmarked_directory_of_the_same_step(ckpts: Checkpoin
     commit_files(ckpts, 5, NEW)
     assert contents(ckpts.path_of(5)) == NEW
     assert ckpts.steps() == [5]
-    assert set(os.listdir(ckpts.root)) == {"5", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"5"}
 
 
 @pytest.mark.parametrize("exc_type", [RuntimeError, KeyboardInterrupt])
@@ -429,7 +430,7 @@ def test_exception_in_a_new_commit_leaves_nothing_behind(
     with pytest.raises(exc_type):
         commit_with(ckpts, 2, save)
     assert ckpts.steps() == [1]
-    assert set(os.listdir(ckpts.root)) == {"1", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"1"}
 
 
 def test_fallback_replace_without_rename_exchange(ckpts: CheckpointDir) -> None:
@@ -447,7 +448,7 @@ def test_fallback_replace_without_rename_exchange(ckpts: CheckpointDir) -> None:
     assert len(hits) == 1
     assert contents(ckpts.path_of(5)) == NEW
     assert ckpts.verify(5).step == 5
-    assert set(os.listdir(ckpts.root)) == {"5", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"5"}
 
 
 def test_fallback_replace_restores_the_old_copy_if_promotion_fails(
@@ -480,4 +481,4 @@ def test_fallback_replace_restores_the_old_copy_if_promotion_fails(
     assert len(noreplace_calls) == 2
     assert contents(ckpts.path_of(5)) == OLD
     assert ckpts.verify(5).step == 5
-    assert set(os.listdir(ckpts.root)) == {"5", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"5"}

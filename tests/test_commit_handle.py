@@ -28,7 +28,7 @@ from atomic_ckpt import (
 )
 from atomic_ckpt._names import ROOT_LOCK
 
-STAGING_RE = re.compile(r"(?P<name>.+)\.tmp-[0-9a-f]{32}")
+STAGING_RE = re.compile(r"\.tmp-(?P<name>.+)\.[0-9a-f]{32}")
 OLD = {"model.bin": b"old model", "old_only.txt": b"only in the old save"}
 NEW = {"model.bin": b"new model, longer", "opt/state.pt": b"adam" * 25}
 
@@ -85,11 +85,11 @@ def test_begin_write_publish_makes_the_same_checkpoint_as_commit(tmp_path: Path)
     assert sorted(os.listdir(ckpt.path)) == sorted(os.listdir(reference.path))
     assert by_handle.verify(5) == ckpt
     assert commit.state == "published"
-    assert set(os.listdir(by_handle.root)) == {"5", ROOT_LOCK}
+    assert set(os.listdir(by_handle.root)) == {"5"}
 
 
 def test_the_handle_is_a_staging_dir_that_becomes_path_of_step(tmp_path: Path) -> None:
-    """.path is a fresh empty `N.tmp-<uuid>` dir beside the checkpoints; .final is path_of(N)."""
+    """.path is a fresh empty `.tmp-N.<uuid>` dir beside the checkpoints; .final is path_of(N)."""
     ckpts = CheckpointDir(tmp_path, prefix="checkpoint-")
     commit = ckpts.begin(7)
     assert commit.step == 7

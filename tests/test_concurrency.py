@@ -76,7 +76,7 @@ def test_two_processes_committing_the_same_step_both_succeed(
     found = contents(ckpts.path_of(7))
     assert found in [expected_files(w) for w in WRITERS]
     ckpts.verify(7)
-    assert set(os.listdir(ckpts.root)) == {"7", ROOT_LOCK}
+    assert set(os.listdir(ckpts.root)) == {"7"}
 
 
 def test_two_processes_committing_different_steps_both_land(tmp_path: Path) -> None:
@@ -171,4 +171,4 @@ def test_two_threads_committing_the_same_step_both_succeed(tmp_path: Path) -> No
         assert errors == []
         assert contents(ckpts.path_of(3)) in [expected_files(w) for w in WRITERS]
         ckpts.verify(3)
-        assert set(os.listdir(ckpts.root)) == {"3", ROOT_LOCK}
+        assert set(os.listdir(ckpts.root)) == {"3"}

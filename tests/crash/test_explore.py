@@ -72,9 +72,9 @@ def test_recording_sees_the_library_calls_and_the_save_functions_writes() -> Non
     with record(_committed_save) as rec:
         ops = [op.description for op in rec.ops]
     observed = [op for op in rec.ops if op.by == "observed"]
-    assert any(d.startswith("write ckpts/5.tmp-") and "model.bin" in d for d in ops)
-    assert any(d.startswith("fsync ckpts/5.tmp-") and d.endswith("/model.bin") for d in ops)
-    assert any(d.startswith("rename (noreplace) ckpts/5.tmp-") for d in ops)
+    assert any(d.startswith("write ckpts/.tmp-5.") and "model.bin" in d for d in ops)
+    assert any(d.startswith("fsync ckpts/.tmp-5.") and d.endswith("/model.bin") for d in ops)
+    assert any(d.startswith("rename (noreplace) ckpts/.tmp-5.") for d in ops)
     assert ops[-1] == "fsync ckpts"
     assert observed
     assert all(op.kind != "sync" for op in observed)
