@@ -1,0 +1,364 @@
+"""Hugging Face ``Trainer``: every checkpoint committed atomically and durably, on every rank.
+
+::
+
+    from atomic_ckpt.integrations.transformers import AtomicTrainer, last_checkpoint
+
+    trainer = AtomicTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
+    trainer.train(resume_from_checkpoint=True)   # the newest *complete* checkpoint
+
+    class MySFTTrainer(AtomicCheckpointMixin, SFTTrainer):  # the mixin first
+        pass
+
+What changes, and nothing else does (names, layout and files stay Hugging Face's):
+
+* Every checkpoint ``Trainer`` saves (model, optimizer, scheduler, scaler, the RNG state of
+  every rank, ``trainer_state.json``, the tokenizer or processor) is written into one
+  staging directory and appears as ``output_dir/checkpoint-N/`` in one atomic, durable
+  step (:class:`~atomic_ckpt.CheckpointDir` with ``prefix="checkpoint-"``). With several
+  ranks this is :func:`atomic_ckpt.distributed.distributed_commit`: rank 0 names the
+  staging directory, every rank writes into it, and rank 0 alone promotes it once every
+  rank has succeeded. A save killed at any point leaves ``checkpoint-N`` absent (or, when
+  the step existed, its previous complete copy), never half written.
+* Rotation (``save_total_limit``, and the best checkpoint ``load_best_model_at_end`` keeps)
+  is the library's retention: durable deletes of complete checkpoints only, never a live
+  staging directory; the best one is named by the ``checkpoint_best`` symlink and kept.
+  ``Trainer``'s own rotation only ever sees the staging directory, and its end-of-training
+  deletion with ``save_total_limit=1`` (by name, with ``rmtree``: a kill midway left a
+  marked, half-deleted directory) is switched off and done durably instead.
+* ``train(resume_from_checkpoint=True)`` resumes from the newest *complete* checkpoint
+  (verified against its manifest with ``verify_on_resume=True``), chosen by rank 0 for
+  every rank, after removing what killed saves left (``CheckpointDir.clean()``: never a
+  live save of another process). :func:`last_checkpoint` is the same choice for scripts,
+  in place of ``transformers.trainer_utils.get_last_checkpoint`` (which returns any
+  directory whose name matches, finished or not).
+
+The private ``Trainer`` methods this relies on are listed in :data:`PRIVATE_METHODS` and
+checked, with the version (:data:`TESTED_RANGE`), when this module is imported.
+
+Not supported: ``save_on_each_node=True`` with several processes (node-local storage: no
+rank 0 can promote another node's files; refused), and ``push_to_hub`` uploads from a
+checkpoint folder (the upload starts from the staging directory, which is gone once the
+commit ends). FSDP and DeepSpeed saves go through the same commit (every rank writes
+into the staging directory) but are untested here: they need GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+try:
+    import torch.distributed as dist
+    import transformers
+    from packaging.version import Version
+    from transformers import Trainer
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
+except ImportError as _exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        f"atomic_ckpt.integrations.transformers needs transformers ({_exc}): "
+        "pip install 'atomic_ckpt[transformers]'"
+    ) from _exc
+
+from .. import CheckpointDir, CheckpointNotFoundError, parse_step
+from ..distributed import distributed_commit, resume
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "PRIVATE_METHODS",
+    "TESTED_RANGE",
+    "AtomicCheckpointMixin",
+    "AtomicTrainer",
+    "check_transformers",
+    "last_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+TESTED_RANGE = ("5.24", "5.25")
+"""The transformers versions this module is tested with: ``>=5.24,<5.25`` (the extra's)."""
+
+PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
+    # Overridden: the whole checkpoint save, wrapped in one commit.
+    "_save_checkpoint": ("self", "model", "trial"),
+    # Redirected during _save_checkpoint: the run directory, so that its
+    # "<run dir>/checkpoint-N" lands in the staging directory.
+    "_get_output_dir": ("self", "trial"),
+}
+"""Every private ``Trainer`` method this module overrides or redirects, with its parameters.
+
+The one place they are named; :func:`check_transformers` compares them with the installed
+``Trainer`` at import. (``train`` is overridden too, but it is public.)"""
+
+CHECKPOINT_PREFIX = f"{PREFIX_CHECKPOINT_DIR}-"
+"""``checkpoint-``: the step directories are Hugging Face's ``checkpoint-N``."""
+
+UNTESTED_ENV = "ATOMIC_CKPT_UNTESTED_TRANSFORMERS"
+"""Set to 1 to import with a transformers version outside :data:`TESTED_RANGE`."""
+
+
+def check_transformers(version: str, trainer: type[Any] = Trainer) -> None:
+    """Raise ImportError unless ``version`` is in :data:`TESTED_RANGE` and ``trainer``
+    has every method of :data:`PRIVATE_METHODS` with those parameters."""
+    low, high = TESTED_RANGE
+    if not Version(low) <= Version(version) < Version(high) and os.environ.get(UNTESTED_ENV) != "1":
+        raise ImportError(
+            f"atomic_ckpt.integrations.transformers is tested with transformers>={low},<{high} "
+            f"and found {version}: it overrides private Trainer methods, which change between "
+            f"releases. Install a tested version (pip install 'atomic_ckpt[transformers]'), "
+            f"or set {UNTESTED_ENV}=1 to try this one"
+        )
+    for name, params in PRIVATE_METHODS.items():
+        method = getattr(trainer, name, None)
+        found = None if method is None else tuple(inspect.signature(method).parameters)
+        if found != params:
+            raise ImportError(
+                f"atomic_ckpt.integrations.transformers: transformers {version}'s "
+                f"Trainer.{name} is {'missing' if found is None else found}, expected "
+                f"{params}; this version is not supported"
+            )
+
+
+check_transformers(transformers.__version__)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rank() -> int:
+    return dist.get_rank() if _distributed() else 0
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _checkpoints(output_dir: str | os.PathLike[str], *, durable: bool = True) -> CheckpointDir:
+    return CheckpointDir(output_dir, prefix=CHECKPOINT_PREFIX, durable=durable)
+
+
+def last_checkpoint(
+    output_dir: str | os.PathLike[str], *, verify: bool = False, clean: bool = False
+) -> str | None:
+    """The newest *complete* ``checkpoint-N`` of ``output_dir`` (a path, as
+    ``get_last_checkpoint`` returns), or None: what to pass as ``resume_from_checkpoint``.
+
+    ``verify``: the newest whose files match its manifest. ``clean``: first remove what
+    killed saves left (never a live save). When torch.distributed is initialized it is
+    collective, like :func:`atomic_ckpt.distributed.resume`: call it on every rank; rank 0
+    chooses and every rank gets its choice. A directory of ``checkpoint-N`` written
+    before atomic_ckpt and no complete checkpoint raises
+    :class:`~atomic_ckpt.UnmarkedCheckpointsError` (adopt them with ``atomic-ckpt
+    mark-complete``).
+    """
+    ckpts = _checkpoints(output_dir)
+    if _distributed():
+        if clean and dist.get_rank() == 0:
+            _clean(ckpts)
+        found = resume(ckpts, verify=verify)
+    else:
+        if clean:
+            _clean(ckpts)
+        found = ckpts.resume_point(verify=verify)
+    return None if found is None else str(found.path)
+
+
+def _clean(ckpts: CheckpointDir) -> None:
+    try:
+        removed = ckpts.clean()
+    except OSError as exc:  # resuming matters more; the next clean() retries
+        log.warning("could not remove what killed saves left in %s: %s", ckpts.root, exc)
+        return
+    for path in removed:
+        log.info("removed %s, left by a killed save", path)
+
+
+@contextlib.contextmanager
+def _commit(ckpts: CheckpointDir, step: int, metadata: dict[str, Any]) -> Iterator[Path]:
+    """One commit of ``step``: multi-rank when several processes run, else local."""
+    if _distributed():
+        with distributed_commit(ckpts, step, metadata=metadata) as path:
+            yield path
+    else:
+        with ckpts.commit(step, metadata=metadata) as path:
+            yield path
+
+
+if TYPE_CHECKING:
+    _Base = Trainer
+else:
+    _Base = object
+
+
+class AtomicCheckpointMixin(_Base):
+    """Put first in the bases of any ``Trainer`` subclass: ``class T(AtomicCheckpointMixin,
+    SFTTrainer)``. See the module documentation for what it changes.
+
+    Keyword options, taken before the rest go to the ``Trainer``: ``verify_on_resume``
+    (``resume_from_checkpoint=True`` takes the newest checkpoint whose files match its
+    manifest, reading them all once) and ``durable`` (False: no fsync; atomic against a
+    killed process, not against a power loss).
+    """
+
+    def __init__(
+        self, *args: Any, verify_on_resume: bool = False, durable: bool = True, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._atomic_verify = verify_on_resume
+        self._atomic_durable = durable
+        self._atomic_limit: int | None = None
+        self._atomic_in_train = False
+        if self.args.save_on_each_node and self.args.world_size > 1:
+            raise ValueError(
+                "AtomicCheckpointMixin does not support save_on_each_node=True with several "
+                "processes: each node would write its own copy, and rank 0 cannot commit "
+                "files on another node's disk. Save to a filesystem every rank shares"
+            )
+
+    def checkpoint_dir(self, trial: Any = None) -> CheckpointDir:
+        """The :class:`~atomic_ckpt.CheckpointDir` of this run's ``checkpoint-N`` directories."""
+        return _checkpoints(self._get_output_dir(trial), durable=self._atomic_durable)
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> TrainOutput:
+        """``Trainer.train``; ``resume_from_checkpoint=True`` means the newest complete
+        checkpoint of ``output_dir`` (ValueError if there is none), chosen as
+        :func:`last_checkpoint` with ``clean=True`` does."""
+        if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
+            if self.args.output_dir is None:
+                raise ValueError("resume_from_checkpoint=True needs args.output_dir")
+            found = last_checkpoint(self.args.output_dir, verify=self._atomic_verify, clean=True)
+            if found is None:
+                raise ValueError(
+                    f"No complete checkpoint found in output directory ({self.args.output_dir})"
+                )
+            log.info("resuming from %s, the newest complete checkpoint", found)
+            resume_from_checkpoint = found
+        # Trainer's rotation runs inside the staging dir, where it finds one checkpoint
+        # and deletes nothing; ours runs after each commit. But with save_total_limit=1,
+        # train() ends by deleting every checkpoint but the best with rmtree, by name:
+        # that is switched off while it trains, and done durably after.
+        self._atomic_limit = self.args.save_total_limit
+        self._atomic_in_train = True
+        if self._atomic_limit == 1:
+            self.args.save_total_limit = None
+        try:
+            output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+        finally:
+            self.args.save_total_limit = self._atomic_limit
+            self._atomic_in_train = False
+        self._keep_only_best(trial)
+        return output
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """``Trainer._save_checkpoint`` inside one (multi-rank) commit of ``checkpoint-N``."""
+        run_dir = self._get_output_dir(trial)
+        ckpts = _checkpoints(run_dir, durable=self._atomic_durable)
+        step = self.state.global_step
+        metadata = {
+            "global_step": step,
+            "epoch": self.state.epoch,
+            # A model-only checkpoint has no optimizer or RNG state: not resumable.
+            "resumable": not self.args.save_only_model,
+        }
+        folder = f"{CHECKPOINT_PREFIX}{step}"
+        with _commit(ckpts, step, metadata) as staging:
+            # Trainer writes "<run dir>/checkpoint-N/...". The run dir becomes the staging
+            # dir, where "checkpoint-N" is a link to the staging dir itself: every rank's
+            # files land at their final paths, and nothing moves afterwards. Each rank
+            # makes the link (or finds it) before it writes anything.
+            inner = staging / folder
+            with contextlib.suppress(FileExistsError):
+                os.symlink(".", inner)
+            if not inner.is_symlink():
+                raise FileExistsError(f"{inner} is not the link this save made")
+            failed: BaseException | None = None
+            setattr(self, "_get_output_dir", lambda trial=None: str(staging))  # noqa: B010
+            try:
+                super()._save_checkpoint(model, trial)
+            except BaseException as exc:
+                failed = exc
+            finally:
+                delattr(self, "_get_output_dir")
+            # Every rank has written (or failed: it still comes here, so no rank waits
+            # for it in vain; the commit then fails on every rank).
+            _barrier()
+            if failed is not None:
+                raise failed
+            self._fix_best_path(run_dir, staging)
+            if _rank() == 0:
+                os.unlink(inner)
+                if (staging / TRAINER_STATE_NAME).exists():
+                    self.state.save_to_json(str(staging / TRAINER_STATE_NAME))
+        if _rank() == 0:
+            self._rotate(ckpts)
+
+    # ------------------------------------------------------------------ internals
+
+    def _fix_best_path(self, run_dir: str, staging: Path) -> None:
+        """Trainer looked for the best checkpoint in the staging dir: point it at the root."""
+        best = self.state.best_model_checkpoint
+        if best is not None and Path(best).parent == staging:
+            self.state.best_model_checkpoint = os.path.join(run_dir, Path(best).name)
+        elif best is None and self.state.best_global_step:
+            older = os.path.join(run_dir, f"{CHECKPOINT_PREFIX}{self.state.best_global_step}")
+            if os.path.isdir(older):
+                self.state.best_model_checkpoint = older
+
+    def _best_step(self, ckpts: CheckpointDir) -> int | None:
+        """The step of the best checkpoint, if it is complete in ``ckpts``."""
+        best = self.state.best_model_checkpoint
+        if best is None:
+            return None
+        step = parse_step(Path(best).name, CHECKPOINT_PREFIX)
+        if step is None or Path(best).resolve().parent != ckpts.root:
+            return None
+        try:
+            ckpts.get(step)
+        except CheckpointNotFoundError:
+            return None
+        return step
+
+    def _rotate(self, ckpts: CheckpointDir) -> None:
+        """``save_total_limit`` and the best checkpoint, as Trainer counts them, through
+        the library's retention (rank 0, after the commit is durable)."""
+        best = self._best_step(ckpts)
+        if best is not None:
+            ckpts.set_best(best)
+        limit = self._atomic_limit if self._atomic_in_train else self.args.save_total_limit
+        if limit is None or limit <= 0:
+            return
+        steps = ckpts.steps()
+        keep_last = limit
+        if best is not None and best not in steps[-limit:]:
+            keep_last = max(1, limit - 1)  # the best counts toward the limit, as in Trainer
+        ckpts.retain(keep_last=keep_last)
+
+    def _keep_only_best(self, trial: Any) -> None:
+        """Trainer's end of training with ``save_total_limit=1``: only the best one stays."""
+        if self._atomic_limit != 1 or _rank() != 0 or not self.args.should_save:
+            return
+        ckpts = self.checkpoint_dir(trial)
+        best = self._best_step(ckpts)
+        if best is None:
+            return
+        for step in ckpts.steps():
+            if step != best:
+                log.info("deleting %s due to save_total_limit=1", ckpts.path_of(step))
+                ckpts.delete(step)
+
+
+class AtomicTrainer(AtomicCheckpointMixin, Trainer):
+    """``transformers.Trainer`` whose checkpoints are committed atomically and durably."""
