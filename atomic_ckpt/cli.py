@@ -90,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--force",
         action="store_true",
-        help="also remove NAME.tmp-<32 hex> entries that carry no evidence atomic_ckpt made "
+        help="also remove .tmp-NAME.<32 hex> (and 0.1's NAME.tmp-<32 hex>) entries that carry "
+        "no evidence atomic_ckpt made "
         "them (e.g. a staging dir whose lock file a power loss dropped)",
     )
     c = root_cmd("prune", "delete all but the newest complete checkpoints")
@@ -108,6 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("demo", help="watch a training run survive a kill mid-save")
     c.add_argument("dir", metavar="DIR", nargs="?", help="work here instead of a temp dir")
     c.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
+    c.add_argument(
+        "--trainer",
+        action="store_true",
+        help="the same with a Hugging Face Trainer (needs atomic_ckpt[transformers])",
+    )
     return p
 
 
@@ -465,6 +471,10 @@ def _mark_complete(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.trainer:
+        from ._demo_trainer import run_trainer_demo
+
+        return run_trainer_demo(args.dir, steps=args.steps)
     from ._demo import run_demo
 
     return run_demo(args.dir, steps=args.steps)
