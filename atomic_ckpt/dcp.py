@@ -135,11 +135,14 @@ class _StagedPrefix(_StoragePrefix):
 
 
 class _CreatedFiles(FileSystem):
-    """FileSystemWriter's filesystem, noting every file it creates (for this rank's fsyncs)."""
+    """FileSystemWriter's filesystem, noting every file it creates (for this rank's fsyncs)
+    and every error raised while one was written: FileSystemWriter's extra writer threads
+    (``thread_count > 1``) drop their exceptions, so ``write_data`` must ask here."""
 
     def __init__(self) -> None:
         super().__init__()
         self.created: set[str] = set()
+        self.errors: list[BaseException] = []
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -147,13 +150,20 @@ class _CreatedFiles(FileSystem):
         if "w" in mode or "a" in mode or "x" in mode:
             with self._lock:
                 self.created.add(os.fspath(path))
-        with super().create_stream(path, mode) as stream:
-            yield stream
+        try:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+        except BaseException as exc:
+            with self._lock:
+                self.errors.append(exc)
+            raise
 
 
 _LAST: weakref.WeakValueDictionary[Path, AtomicWriter] = weakref.WeakValueDictionary()
 """This process's latest async writer per root (see AtomicWriter._wait_for_previous)."""
 _LAST_LOCK = threading.Lock()
+_EXIT_GRACE = 1.0
+"""Seconds ``on_pending="raise"`` allows a finished async save's thread to exit."""
 _STAGED: dict[Path, Any] = {}
 """Per root, the CPU copy of the state that async saves with cache_staged_state_dict reuse."""
 
@@ -279,8 +289,8 @@ class AtomicWriter(FileSystemWriter):
         """Apply ``on_pending`` to this process's previous async save of the same root."""
         with _LAST_LOCK:
             previous = _LAST.get(self.ckpts.root)
-        pending = previous is not None and previous._pending()
         if self.on_pending == "raise":
+            pending = previous is not None and previous._pending(grace=_EXIT_GRACE)
             if self._distributed:
                 pending = any(self._control.all_gather(pending, "checking for a pending save"))
             if pending:
@@ -294,11 +304,18 @@ class AtomicWriter(FileSystemWriter):
         elif previous is not None:
             previous._wait(self.timeout)
 
-    def _pending(self) -> bool:
+    def _pending(self, grace: float = 0.0) -> bool:
+        """The async save still runs: its thread (torch's executor) has not ended. That
+        thread resolves the save's future and only then exits, so ``grace`` seconds are
+        allowed for it to end (a caller that waited for the future is not pending)."""
         thread = self._thread
-        if thread is threading.current_thread():
+        if thread is threading.current_thread() or not self._async:
             return False
-        return self._async and (thread is None or thread.is_alive())
+        if thread is None:
+            return True
+        if grace > 0:
+            thread.join(grace)
+        return thread.is_alive()
 
     def _wait(self, timeout: float) -> None:
         end = time.monotonic() + timeout
@@ -327,18 +344,28 @@ class AtomicWriter(FileSystemWriter):
         root first waits for the previous save (``on_pending``), which reads them. The
         buffers stay allocated (one copy of the state per root) until the process ends.
         """
+        # Again here: a writer made before the previous save was staged (both made up
+        # front) saw nothing pending then, and must not copy into buffers still being read.
+        self._wait_for_previous()
         self._async = True
         with _LAST_LOCK:
             _LAST[self.ckpts.root] = self
+        try:
+            return self._stage(state_dict)
+        except BaseException:
+            self._async = False  # it never starts: nothing for a later save to wait for
+            raise
+
+    def _stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         if not self._cache_staged:
             return super().stage(state_dict)
         self.per_thread_copy_ahead = 0  # as FileSystemWriter.stage: already in CPU memory
         cache = _STAGED.get(self.ckpts.root)
-        if cache is not None:
+        if cache is not None and _same_layout(state_dict, cache):
             try:
                 return _copy_state_dict(state_dict, cache)
-            except (KeyError, RuntimeError, TypeError, ValueError, AssertionError):
-                pass  # another structure or shape: make new buffers
+            except Exception:  # torch's CompanionMismatch among others
+                pass  # not copyable after all: make new buffers
         cache = _create_cpu_state_dict(state_dict)
         _copy_state_dict(state_dict, cache)
         _STAGED[self.ckpts.root] = cache
@@ -347,6 +374,9 @@ class AtomicWriter(FileSystemWriter):
     # ------------------------------------------------------------------ DCP's calls
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        # DCP's first call in the thread that runs the save (async: torch's executor, whose
+        # end a later save waits for), before anything here or in DCP can fail.
+        self._thread = threading.current_thread()
         if checkpoint_id is not None and Path(checkpoint_id) != self._final:
             raise ValueError(
                 f"AtomicWriter commits to {self._final}; do not pass checkpoint_id "
@@ -397,7 +427,9 @@ class AtomicWriter(FileSystemWriter):
             staging = self._staging_of(plan)
             self.path = staging
             self._files.created.clear()
+            self._files.errors.clear()
             results = super().write_data(plan, planner).wait()
+            self._check_written(plan, results, staging)
             names = [os.path.relpath(p, staging) for p in self._files.created]
             entries = self.ckpts.sync_files(staging, names)
         except BaseException as exc:
@@ -478,6 +510,21 @@ class AtomicWriter(FileSystemWriter):
             raise DistributedCommitError(f"{name!r} is not a staging directory", step=self.step)
         return self.ckpts.root / name
 
+    def _check_written(self, plan: SavePlan, results: list[WriteResult], staging: Path) -> None:
+        """Every item of ``plan`` was written: FileSystemWriter's extra threads drop their
+        errors (torch 2.13), which would leave items out of ``.metadata``, unloadable."""
+        if self._files.errors:
+            raise self._files.errors[0]
+        missing = {i.index for i in plan.items} - {r.index for r in results}
+        if missing:
+            raise CheckpointError(
+                f"DCP's writer returned no result for {len(missing)} of the {len(plan.items)} "
+                f"items of this rank (e.g. {sorted(map(str, missing))[0]}): one of its writer "
+                "threads failed. Nothing was promoted",
+                path=staging,
+                step=self.step,
+            )
+
     def _merge(self, staging: Path, listings: list[list[FileEntry]]) -> list[FileEntry]:
         """Every rank's entries as one manifest, checked against one listing of the
         staging dir (names and sizes; no data read); anything no rank created (a
@@ -513,6 +560,34 @@ class AtomicWriter(FileSystemWriter):
             for e in self.ckpts.sync_files(staging, extra):
                 declared[e.path] = e
         return sorted(declared.values(), key=lambda e: e.path)
+
+
+def _same_layout(state: Any, cache: Any) -> bool:
+    """``cache`` has ``state``'s keys, and each of its tensors the same shape and dtype.
+
+    Checked before reusing the buffers: ``copy_`` would broadcast a smaller tensor into a
+    larger buffer and cast another dtype to the buffer's, saving something else than the
+    state, without an error.
+    """
+    if isinstance(state, torch.Tensor):
+        return (
+            isinstance(cache, torch.Tensor)
+            and state.shape == cache.shape
+            and state.dtype == cache.dtype
+        )
+    if isinstance(state, Mapping):
+        return (
+            isinstance(cache, Mapping)
+            and state.keys() == cache.keys()
+            and all(_same_layout(v, cache[k]) for k, v in state.items())
+        )
+    if isinstance(state, list | tuple):
+        return (
+            isinstance(cache, list | tuple)
+            and len(state) == len(cache)
+            and all(map(_same_layout, state, cache))
+        )
+    return not isinstance(cache, torch.Tensor)
 
 
 def _translate(exc: BaseException, writer: AtomicWriter) -> BaseException:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 
@@ -58,9 +59,14 @@ def loads_exactly(states: Sequence[dict[str, Any]]) -> Checker:
         check_invariants(state)
         for ckpt in state.checkpoints().checkpoints():
             target = {k: torch.zeros_like(v) for k, v in states[0].items()}
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                load(target, checkpoint_id=ckpt.path, no_dist=True)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    load(target, checkpoint_id=ckpt.path, no_dist=True)
+            except CheckpointException as exc:  # a BaseException: explore would not catch it
+                raise AssertionError(
+                    f"checkpoint {ckpt.path.name} is complete but does not load: {exc}"
+                ) from None
             if not any(_equal(target, s) for s in states):
                 raise AssertionError(
                     f"checkpoint {ckpt.path.name} loads, but as none of the saved states"

@@ -58,3 +58,14 @@ def test_the_simulation_notices_a_missing_fsync_in_a_dcp_save(step: str) -> None
         sync=mutant(step),
     )
     assert not report.ok
+
+
+def test_a_complete_checkpoint_that_does_not_load_is_a_reported_failure() -> None:
+    """loads_exactly reports a complete checkpoint that plain dcp.load refuses (DCP raises a
+    CheckpointException, a BaseException) as a crash-state failure, not an escaped error."""
+    saved = state(1)
+    expected = {**saved, "missing": torch.zeros(3)}  # a key the save never wrote
+    report = explore(dcp_saver(saved, step=1), loads_exactly([expected]))
+    assert not report.ok
+    assert report.failure is not None
+    assert "does not load" in report.failure.message

@@ -77,3 +77,173 @@ def test_a_bad_on_pending_is_refused(ckpts: CheckpointDir) -> None:
     """on_pending is "wait" or "raise"."""
     with pytest.raises(ValueError, match="on_pending"):
         AtomicWriter(ckpts, 1, on_pending="skip")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("where", "error"),
+    [
+        ("_write_item", "disk full in a writer thread"),  # while a file is open
+        ("_write_files_from_queue", "returned no result"),  # before any file is opened
+    ],
+)
+def test_a_write_error_in_one_of_dcps_writer_threads_promotes_nothing(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch, where: str, error: str
+) -> None:
+    """thread_count=2: FileSystemWriter runs the second file's write in a thread of its own and
+    drops that thread's exception; the save must still fail, promote nothing and leave no
+    staging dir (not publish a checkpoint whose .metadata lacks the lost items)."""
+    import threading
+
+    from torch.distributed.checkpoint import filesystem
+
+    from atomic_ckpt import TMP_INFIX
+
+    real = getattr(filesystem, where)
+    fired: list[str] = []
+
+    def failing(*args: object, **kwargs: object) -> object:
+        if threading.current_thread() is not threading.main_thread():
+            if where == "_write_files_from_queue":
+                args[1].get_nowait()  # type: ignore[attr-defined]  # takes a file, then fails
+            fired.append(threading.current_thread().name)
+            raise OSError(28, "disk full in a writer thread, on purpose")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(filesystem, where, failing)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # torch's thread drops it
+    state = {"a": torch.randn(64), "b": torch.randn(64), "c": torch.randn(64)}
+    with pytest.raises(BaseException, match=error):
+        dcp.save(state, storage_writer=AtomicWriter(ckpts, 1, thread_count=2), no_dist=True)
+    assert fired  # the fault fired, in a writer thread
+    assert ckpts.steps() == []
+    assert not [p for p in ckpts.root.iterdir() if TMP_INFIX in p.name and "lock" not in p.name]
+
+
+def test_on_pending_raise_right_after_the_future_is_done_does_not_raise(
+    ckpts: CheckpointDir,
+) -> None:
+    """Once the previous async save's future is done, a writer made with on_pending="raise"
+    starts: the save is over even if torch's executor thread has not exited yet (here it
+    lingers 0.2 s in a done-callback, as it may on a loaded machine)."""
+    import threading
+    import time
+
+    lingered: list[int] = []
+
+    def linger(_: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            lingered.append(1)
+            time.sleep(0.2)
+
+    for step in range(1, 6):
+        writer = AtomicWriter(ckpts, step, on_pending="raise")  # never a PendingSaveError
+        future = dcp.async_save(state(step), storage_writer=writer, no_dist=True)
+        future.add_done_callback(linger)
+        future.result()
+    assert lingered  # the executor thread did outlive a done future
+    assert ckpts.steps() == list(range(1, 6))
+
+
+def test_writers_made_before_the_previous_async_save_started_still_wait_for_it(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers made up front, then two async saves with cache_staged_state_dict: the
+    second waits for the first before it copies into the shared CPU buffers, so step 1
+    holds the first state, not the second's bytes."""
+    import time
+
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    def full(value: float) -> dict[str, object]:
+        return {"w": torch.full((256,), value)}
+
+    dcp.async_save(
+        full(0.0), storage_writer=AtomicWriter(ckpts, 0, cache_staged_state_dict=True), no_dist=True
+    ).result()  # the root's CPU buffers now exist
+    real = FileSystemWriter.write_data
+    slowed: list[int] = []
+
+    def slow_first(self: FileSystemWriter, plan: object, planner: object) -> object:
+        if not slowed:
+            slowed.append(1)
+            time.sleep(0.5)
+        return real(self, plan, planner)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", slow_first)
+    first = AtomicWriter(ckpts, 1, cache_staged_state_dict=True)
+    second = AtomicWriter(ckpts, 2, cache_staged_state_dict=True)
+    f1 = dcp.async_save(full(1.0), storage_writer=first, no_dist=True)
+    f2 = dcp.async_save(full(2.0), storage_writer=second, no_dist=True)
+    f1.result()
+    f2.result()
+    assert slowed  # the first save was still writing when the second was staged
+    for step, value in ((1, 1.0), (2, 2.0)):
+        target = {"w": torch.zeros(256)}
+        dcp.load(target, checkpoint_id=ckpts.path_of(step), no_dist=True)
+        assert torch.equal(target["w"], torch.full((256,), value)), step
+
+
+def test_an_async_save_that_failed_to_stage_is_not_waited_for(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dcp.async_save raised while copying the state (it never started): the next writer of
+    the root neither waits its timeout for it nor calls it pending."""
+    import time
+
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    def no_memory(self: FileSystemWriter, state_dict: object) -> object:
+        raise MemoryError("staging failed on purpose")
+
+    failed = AtomicWriter(ckpts, 1)  # still referenced, as a trainer's variable would be
+    monkeypatch.setattr(FileSystemWriter, "stage", no_memory)
+    with pytest.raises(MemoryError, match="on purpose"):
+        dcp.async_save(state(1), storage_writer=failed, no_dist=True)
+    monkeypatch.undo()
+    start = time.monotonic()
+    AtomicWriter(ckpts, 2, on_pending="raise")  # not a PendingSaveError
+    AtomicWriter(ckpts, 2, timeout=3.0)  # not a wait of 3 s, then CheckpointTimeoutError
+    assert time.monotonic() - start < 2.0
+
+
+def test_an_async_save_that_failed_before_planning_is_not_waited_for(
+    ckpts: CheckpointDir, tmp_path: Path
+) -> None:
+    """dcp.async_save with a checkpoint_id: the background save refuses it at once (its future
+    raises); the next writer of the root neither waits its timeout for it nor calls it
+    pending."""
+    import time
+
+    failed = AtomicWriter(ckpts, 1)  # still referenced, as a trainer's variable would be
+    future = dcp.async_save(
+        state(1), storage_writer=failed, checkpoint_id=tmp_path / "elsewhere", no_dist=True
+    )
+    with pytest.raises(ValueError, match="do not pass checkpoint_id"):
+        future.result()
+    start = time.monotonic()
+    AtomicWriter(ckpts, 2, on_pending="raise")  # not a PendingSaveError
+    AtomicWriter(ckpts, 2, timeout=3.0)  # not a wait of 3 s, then CheckpointTimeoutError
+    assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        {"w": torch.full((4,), 0.1, dtype=torch.float64)},  # another dtype: copy_ would cast
+        {"w": torch.full((1,), 0.1)},  # a smaller shape: copy_ would broadcast it
+        {"w": torch.full((4,), 0.1), "new": torch.ones(2)},  # another key
+    ],
+    ids=["dtype", "shape", "key"],
+)
+def test_cached_staging_buffers_are_reused_only_for_the_same_layout(
+    ckpts: CheckpointDir, second: dict[str, torch.Tensor]
+) -> None:
+    """cache_staged_state_dict: a state whose keys, shapes or dtypes changed since the root's
+    last async save gets new buffers, and its checkpoint loads back exactly as it was saved."""
+    first = {"w": torch.zeros(4)}
+    for step, saved in ((1, first), (2, second)):
+        writer = AtomicWriter(ckpts, step, cache_staged_state_dict=True)
+        dcp.async_save(saved, storage_writer=writer, no_dist=True).result()
+    target = {k: torch.zeros_like(v) for k, v in second.items()}
+    dcp.load(target, checkpoint_id=ckpts.path_of(2), no_dist=True)
+    assert all(torch.equal(target[k], v) for k, v in second.items())

@@ -299,3 +299,17 @@ def fsync_count(ctx: Ctx) -> Any:
 
             declare(sub / "extra.bin")
     return counts
+
+
+@scenario
+def fsync_count_one_undeclared(ctx: Ctx) -> Any:
+    """Every rank calls declare() (so it vouches for its files) for its shard, but also writes
+    one file it does not declare; how many fsyncs this rank made."""
+    from atomic_ckpt.distributed import declare
+
+    counts = count_fsyncs()
+    with distributed_commit(ctx.ckpts, 1) as path:
+        write_shard(ctx, path, 1)
+        declare(rank_path(path / "shard.bin"))
+        (path / f"loose{ctx.rank}.bin").write_bytes(payload(ctx.rank, 1, 10))
+    return counts

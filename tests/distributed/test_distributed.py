@@ -239,3 +239,18 @@ def test_declare_outside_a_commit_raises(tmp_path: Path) -> None:
 
     with pytest.raises(CommitStateError, match="not inside the staging directory"):
         declare(tmp_path / "model.pt")
+
+
+def test_files_no_rank_declared_are_fsynced_by_rank_0(run_ranks: Runner, tmp_path: Path) -> None:
+    """Every rank called declare() but also wrote a file it did not declare: the other ranks
+    fsync only what they declared, and rank 0 sweeps (fsyncs) every undeclared file, so no
+    file of the checkpoint goes unflushed."""
+    world = 2
+    results = run_ranks("fsync_count_one_undeclared", world)
+    assert all(r.ok for r in results), results
+    counts = [r.data["fsync"] for r in results]
+    assert counts[1:] == [1] * (world - 1), counts  # its own shard only
+    # shards + undeclared files, each once, + the marker, staging dir, root, root's parent
+    assert sum(counts) == world + world + 4, counts
+    ckpt = CheckpointDir(tmp_path / "ckpts").verify(1)
+    assert {f"loose{r}.bin" for r in range(world)} <= {e.path for e in ckpt.manifest.files}
