@@ -355,9 +355,10 @@ class CheckpointDir(TrainerOps):
         writer is alive (it holds the lock) is never touched. An old copy moved
         aside by the fallback replace whose step is now missing is renamed back
         instead (logged, not returned). ``force`` also removes entries of the
-        library's form (``<name>.tmp-<32 hex>``) that carry no evidence that it made
-        them, such as a staging dir whose lock file a power loss dropped; use it
-        only where no other tool names files that way.
+        library's form (``.tmp-<name>.<32 hex>``, or 0.1.0's ``<name>.tmp-<32 hex>``)
+        that carry no evidence that it made them, such as a staging dir whose lock
+        file a power loss dropped; use it only where no other tool names files
+        that way.
         """
         return _repair.clean(self._root, dry_run=dry_run, force=force)
 
@@ -365,7 +366,7 @@ class CheckpointDir(TrainerOps):
         """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
 
         ``retain(RetentionPolicy(keep_last=keep_last))``: each is first renamed
-        out of sight (``N.tmp-del-…``) and the rename made durable, so an
+        out of sight (``.tmp-N.del-…``) and the rename made durable, so an
         interrupted deletion never leaves a complete-looking directory. The
         latest checkpoint, and the one ``checkpoint_best`` names, are never deleted.
         """
