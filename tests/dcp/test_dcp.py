@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from dcp_runner import Runner
 from dcp_scenarios import PG_TIMEOUT, TIMEOUT
+from ranks import Runner
 
 from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir
 
