@@ -370,12 +370,7 @@ class CheckpointDir(TrainerOps):
         interrupted deletion never leaves a complete-looking directory. The
         latest checkpoint, and the one ``checkpoint_best`` names, are never deleted.
         """
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-            raise ValueError(
-                f"keep_last must be an int >= 1 (the latest checkpoint is never deleted), "
-                f"got {keep_last!r}"
-            )
-        return self.retain(RetentionPolicy(keep_last=keep_last))
+        return self.retain(RetentionPolicy.last(keep_last))
 
     def retain(
         self,
@@ -396,16 +391,14 @@ class CheckpointDir(TrainerOps):
         points the ``checkpoint_best`` symlink at the best checkpoint (durably).
         The plan is made and carried out under the root lock.
         """
-        if policy is None:
-            policy = RetentionPolicy(
-                keep_last=keep_last,
-                keep_every=keep_every,
-                keep_best=keep_best,
-                metric=metric,
-                mode=mode,
-            )
-        elif any(v is not None for v in (keep_last, keep_every, keep_best, metric)):
-            raise TypeError("pass a RetentionPolicy or its options, not both")
+        policy = RetentionPolicy.of(
+            policy,
+            keep_last=keep_last,
+            keep_every=keep_every,
+            keep_best=keep_best,
+            metric=metric,
+            mode=mode,
+        )
         return _delete.retain(self._root, policy)
 
     def best(self) -> Checkpoint | None:

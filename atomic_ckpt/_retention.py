@@ -72,6 +72,42 @@ class RetentionPolicy:
                 "a retention policy needs at least one of keep_last, keep_every, metric"
             )
 
+    @classmethod
+    def of(
+        cls,
+        policy: RetentionPolicy | None = None,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: Mode = "min",
+    ) -> RetentionPolicy:
+        """``policy``, or one made of these options (``retain()``'s two ways to say it);
+        TypeError for both at once."""
+        if policy is None:
+            return cls(
+                keep_last=keep_last,
+                keep_every=keep_every,
+                keep_best=keep_best,
+                metric=metric,
+                mode=mode,
+            )
+        if any(v is not None for v in (keep_last, keep_every, keep_best, metric)):
+            raise TypeError("pass a RetentionPolicy or its options, not both")
+        return policy
+
+    @classmethod
+    def last(cls, keep_last: int) -> RetentionPolicy:
+        """Keep the ``keep_last`` newest (``prune()``): an int >= 1, since the latest
+        checkpoint is never deleted."""
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(
+                f"keep_last must be an int >= 1 (the latest checkpoint is never deleted), "
+                f"got {keep_last!r}"
+            )
+        return cls(keep_last=keep_last)
+
     def value(self, ckpt: Checkpoint) -> float | None:
         """``ckpt``'s metric as a finite float, or None if it has none."""
         if self.metric is None:

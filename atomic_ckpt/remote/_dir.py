@@ -394,12 +394,7 @@ class RemoteCheckpointDir:
 
     def prune(self, *, keep_last: int) -> list[str]:
         """Delete all but the ``keep_last`` newest complete checkpoints; return their URLs."""
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-            raise ValueError(
-                f"keep_last must be an int >= 1 (the latest checkpoint is never deleted), "
-                f"got {keep_last!r}"
-            )
-        return self.retain(RetentionPolicy(keep_last=keep_last))
+        return self.retain(RetentionPolicy.last(keep_last))
 
     def retain(
         self,
@@ -417,16 +412,14 @@ class RemoteCheckpointDir:
         object store has no symlinks): the latest checkpoint is always kept.
         Each deletion removes the manifest first, then the data.
         """
-        if policy is None:
-            policy = RetentionPolicy(
-                keep_last=keep_last,
-                keep_every=keep_every,
-                keep_best=keep_best,
-                metric=metric,
-                mode=mode,
-            )
-        elif any(v is not None for v in (keep_last, keep_every, keep_best, metric)):
-            raise TypeError("pass a RetentionPolicy or its options, not both")
+        policy = RetentionPolicy.of(
+            policy,
+            keep_last=keep_last,
+            keep_every=keep_every,
+            keep_best=keep_best,
+            metric=metric,
+            mode=mode,
+        )
         found = self.checkpoints()
         as_local = [Checkpoint(c.step, Path(self._name(c.step)), c.manifest) for c in found]
         plan = policy.plan(as_local)
