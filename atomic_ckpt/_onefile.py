@@ -105,6 +105,18 @@ def _fsync_directory(directory: Path, target: Path, what: str) -> None:
         ) from exc
 
 
+def _fsync_after_removal(directory: Path, target: Path) -> None:
+    """fsync ``directory`` once ``target`` left it: the removal, durably."""
+    try:
+        _fs.fsync_dir(directory)
+    except OSError as exc:
+        raise NotDurableError(
+            f"{target} was removed, but fsync of {directory} failed ({exc}): after a "
+            "power loss it may be back. Check the disk, then remove it again",
+            path=target,
+        ) from exc
+
+
 @contextlib.contextmanager
 def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False) -> Iterator[Path]:
     """Replace the file ``path`` atomically (and, by default, durably) with what the block writes.
@@ -215,14 +227,7 @@ def remove_file(path: PathLike, *, durable: bool = True, missing_ok: bool = True
         _raise_wrapped(exc, directory)
         raise
     if durable:
-        try:
-            _fs.fsync_dir(directory)
-        except OSError as exc:
-            raise NotDurableError(
-                f"{target} was removed, but fsync of {directory} failed ({exc}): after a "
-                "power loss it may be back. Check the disk, then remove it again",
-                path=target,
-            ) from exc
+        _fsync_after_removal(directory, target)
     return True
 
 
@@ -313,14 +318,7 @@ def remove_directory(path: PathLike, *, durable: bool = True) -> bool:
         _raise_wrapped(exc, directory)
         raise
     if durable:
-        try:
-            _fs.fsync_dir(directory)
-        except OSError as exc:
-            raise NotDurableError(
-                f"{target} was removed, but fsync of {directory} failed ({exc}): after a "
-                "power loss it may be back. Check the disk, then remove it again",
-                path=target,
-            ) from exc
+        _fsync_after_removal(directory, target)
     _fs.remove_tree(aside)
     return True
 

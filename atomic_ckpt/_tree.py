@@ -97,8 +97,22 @@ def sync_tree(
             links.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
         else:
             log.warning("%s is not a file, directory or symlink; it is not recorded", entry.path)
-    files.sort(key=lambda f: -f[2])
+    return _flush(files, dirs, links, policy=policy, checksum=checksum, workers=workers, then=then)
 
+
+def _flush(
+    files: list[tuple[str, Path, int]],
+    dirs: list[tuple[str, Path]],
+    links: list[FileEntry],
+    *,
+    policy: SyncPolicy,
+    checksum: str | None,
+    workers: int,
+    then: Callable[[list[FileEntry]], None] | None = None,
+) -> list[FileEntry]:
+    """fsync and hash ``files`` (relative path, path, size) and fsync ``dirs`` in parallel;
+    the manifest entries of all three sorted by path (``then`` as in :func:`sync_tree`)."""
+    files = sorted(files, key=lambda f: -f[2])
     with Workers(workers) as pool:
         sums = {
             rel: pool.submit(functools.partial(checksum_file, path, checksum))
@@ -184,27 +198,7 @@ def sync_files(
             links.append(FileEntry(rel, "symlink", target=os.readlink(path)))
         else:
             raise ValueError(f"{path} is not a file, directory or symlink")
-    files.sort(key=lambda f: -f[2])
-    with Workers(workers) as pool:
-        sums = {
-            rel: pool.submit(functools.partial(checksum_file, path, checksum))
-            for rel, path, _ in files
-            if checksum is not None
-        }
-        flushes: list[Future[None]] = []
-        if policy.durable:
-            flushes += [pool.submit(functools.partial(policy.file, path)) for _, path, _ in files]
-            flushes += [pool.submit(functools.partial(policy.subdir, path)) for _, path in dirs]
-        out = [
-            FileEntry(rel, "file", size=size, checksum=sums[rel].result() if sums else None)
-            for rel, _, size in files
-        ]
-        for flush in flushes:
-            flush.result()
-    out += [FileEntry(rel, "dir") for rel, _ in dirs]
-    out += links
-    out.sort(key=lambda e: e.path)
-    return out
+    return _flush(files, dirs, links, policy=policy, checksum=checksum, workers=workers)
 
 
 class Workers:
