@@ -1,19 +1,25 @@
 """The collectives of a multi-rank commit: a gloo coordination group per (group,
 timeout), the entry check that names ranks which never entered, and the
-broadcasts and gathers that turn a lost or hung rank into a clear error.
-(Private: used by :mod:`atomic_ckpt.distributed`.)"""
+broadcasts and gathers that turn a lost or hung rank into a clear error, and the
+check of the ranks' flushed files against one listing of the staging dir.
+(Private: used by :mod:`atomic_ckpt.distributed` and :mod:`atomic_ckpt.dcp`.)"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch.distributed as dist
 
 from ._errors import DistributedCommitError, DistributedNotInitializedError
+from ._manifest import FileEntry
+
+if TYPE_CHECKING:
+    from ._checkpoint import CheckpointDir
 
 _T = TypeVar("_T")
 _GROUPS: dict[tuple[object, object, float, str], dist.ProcessGroup] = {}
@@ -181,3 +187,32 @@ def _failure_error(step: int, failed: list[tuple[int, str]], phase: str) -> Dist
         step=step,
         ranks=tuple(r for r, _ in failed),
     )
+
+
+def checked_listing(
+    ckpts: CheckpointDir,
+    staging: Path,
+    declared: Mapping[str, FileEntry],
+    *,
+    viewer: str,
+    step: int | None = None,
+) -> list[FileEntry]:
+    """One listing of ``staging`` (names and sizes, no data read), checked against the
+    entries the ranks flushed: each must be there with the type and size its writer
+    recorded, else DistributedCommitError (``viewer`` says who looked)."""
+    listing = ckpts.list_tree(staging)
+    seen = {e.path: e for e in listing}
+    for rel, entry in declared.items():
+        found = seen.get(rel)
+        if found is None or found.type != entry.type or found.size != entry.size:
+            now = "missing" if found is None else f"a {found.type} of {found.size} bytes"
+            raise DistributedCommitError(
+                f"{staging / rel} was flushed by its writer as a {entry.type} of "
+                f"{entry.size} bytes, but {viewer} now sees {now}: a rank changed it "
+                "after writing it, or the filesystem does not show every rank the same "
+                "files (on NFS, mount with lookupcache=positive or actimeo=0). Nothing "
+                "was promoted",
+                path=staging / rel,
+                step=step,
+            )
+    return listing

@@ -88,7 +88,14 @@ from . import (
     FileEntry,
     RetentionPolicy,
 )
-from ._ranks import _coordination_group, _describe, _failure_error, _failures, _Ranks
+from ._ranks import (
+    _coordination_group,
+    _describe,
+    _failure_error,
+    _failures,
+    _Ranks,
+    checked_listing,
+)
 from .distributed import DEFAULT_TIMEOUT
 
 # The private torch names used here, all in one place (checked: TESTED_TORCH):
@@ -533,21 +540,9 @@ class AtomicWriter(FileSystemWriter):
         for entries in listings:
             for e in entries:
                 declared.setdefault(e.path, e)
-        listing = self.ckpts.list_tree(staging)
-        seen = {e.path: e for e in listing}
-        for rel, entry in declared.items():
-            found = seen.get(rel)
-            if found is None or found.type != entry.type or found.size != entry.size:
-                now = "missing" if found is None else f"a {found.type} of {found.size} bytes"
-                raise DistributedCommitError(
-                    f"{staging / rel} was flushed by its writer as a {entry.type} of "
-                    f"{entry.size} bytes, but the coordinator sees {now}: the filesystem "
-                    "does not show every rank the same files (on NFS, mount with "
-                    "lookupcache=positive or actimeo=0), or something changed it. Nothing "
-                    "was promoted",
-                    path=staging / rel,
-                    step=self.step,
-                )
+        listing = checked_listing(
+            self.ckpts, staging, declared, viewer="the coordinator", step=self.step
+        )
         extra = [e.path for e in listing if e.path not in declared]
         if extra:
             log.warning(

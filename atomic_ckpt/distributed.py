@@ -89,6 +89,7 @@ from ._ranks import (
     _failure_error,
     _failures,
     _Ranks,
+    checked_listing,
 )
 
 __all__ = [
@@ -294,20 +295,7 @@ def _sweep(
     Returns a digest of the listing (to compare across ranks), the listing, and the
     checksums of this rank's share.
     """
-    listing = ckpts.list_tree(staging)
-    seen = {e.path: e for e in listing}
-    for rel, entry in declared.items():
-        found = seen.get(rel)
-        if found is None or found.type != entry.type or found.size != entry.size:
-            now = "missing" if found is None else f"a {found.type} of {found.size} bytes"
-            raise DistributedCommitError(
-                f"{staging / rel} was flushed by its writer as a {entry.type} of "
-                f"{entry.size} bytes, but rank {rank} now sees {now}: a rank changed it "
-                "after writing it, or the filesystem does not show every rank the same "
-                "files (on NFS, mount with lookupcache=positive or actimeo=0). Nothing "
-                "was promoted",
-                path=staging / rel,
-            )
+    listing = checked_listing(ckpts, staging, declared, viewer=f"rank {rank}")
     undeclared = [e.path for e in listing if e.type == "file" and e.path not in declared]
     flush = list(undeclared) if rank == 0 or not declared_all else []
     if rank == 0:

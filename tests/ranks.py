@@ -11,12 +11,16 @@ to ``<out>/rank<r>.json``.
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
+
+from atomic_ckpt import CheckpointDir
 
 
 @dataclass
@@ -76,3 +80,63 @@ def make_runner(ctx: ForkServerContext, main: Main, tmp_path: Path, deadline: fl
         return results
 
     return run
+
+
+@dataclass
+class Ctx:
+    """What a scenario gets, in its rank's process."""
+
+    rank: int
+    world: int
+    ckpts: CheckpointDir
+    out: Path
+    params: dict[str, Any]
+
+
+Scenario = Callable[[Ctx], Any]
+
+
+def run_scenario(
+    name: str,
+    rank: int,
+    world: int,
+    paths: tuple[str, str, str],
+    params: dict[str, Any],
+    *,
+    scenarios: Mapping[str, Scenario],
+    catch: type[BaseException] = Exception,
+    pg_timeout: float = 30.0,
+    data_of_error: Callable[[BaseException], Any] | None = None,
+) -> None:
+    """In a rank's process: join the gloo group, run ``scenarios[name]``, write the report
+    ``{"error", "message", "elapsed", "data"}`` to ``<out>/rank<r>.json`` and exit.
+
+    ``paths`` are (init file, checkpoint root, out dir). An exception of type ``catch`` is
+    reported (``data_of_error`` may describe it further); after one, the process leaves
+    without collectives, since the group may be broken.
+    """
+    import torch.distributed as dist
+
+    init, root, out = paths
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=pg_timeout),
+    )
+    ctx = Ctx(rank, world, CheckpointDir(root), Path(out), params)
+    report: dict[str, Any] = {"error": None, "message": "", "data": None}
+    start = time.monotonic()
+    try:
+        report["data"] = scenarios[name](ctx)
+    except catch as exc:
+        report["error"] = type(exc).__name__
+        report["message"] = str(exc) + "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))
+        if data_of_error is not None:
+            report["data"] = data_of_error(exc)
+    report["elapsed"] = time.monotonic() - start
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(report))
+    if report["error"] is None:
+        dist.destroy_process_group()
+    os._exit(0)

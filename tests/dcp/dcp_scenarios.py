@@ -15,18 +15,16 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from ranks import Ctx, run_scenario
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-from atomic_ckpt import CheckpointDir, _fs
+from atomic_ckpt import _fs
 from atomic_ckpt.dcp import AtomicWriter, PendingSaveError, _CreatedFiles, async_save, save
 from atomic_ckpt.distributed import resume
 
@@ -34,15 +32,6 @@ TIMEOUT = 4.0
 """atomic_ckpt's timeout in the failure scenarios: short, to keep the suite fast."""
 PG_TIMEOUT = 10.0
 """The default group's timeout there: bounds DCP's own collectives after a rank died."""
-
-
-@dataclass
-class Ctx:
-    rank: int
-    world: int
-    ckpts: CheckpointDir
-    out: Path
-    params: dict[str, Any]
 
 
 SCENARIOS: dict[str, Callable[[Ctx], Any]] = {}
@@ -56,35 +45,29 @@ def scenario(fn: Callable[[Ctx], Any]) -> Callable[[Ctx], Any]:
 def main(
     name: str, rank: int, world: int, paths: tuple[str, str, str], params: dict[str, Any]
 ) -> None:
-    """Run scenario ``name`` as ``rank``; ``paths`` are (init file, checkpoint root, out dir)."""
+    """Run scenario ``name`` as ``rank`` (see tests/ranks.py); DCP's CheckpointException,
+    a BaseException, is reported too, with each failed rank's error type as data."""
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    init, root, out = paths
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=params.get("pg_timeout", 30.0)),
+    run_scenario(
+        name,
+        rank,
+        world,
+        paths,
+        params,
+        scenarios=SCENARIOS,
+        catch=BaseException,
+        pg_timeout=params.get("pg_timeout", 30.0),
+        data_of_error=_failed_ranks,
     )
-    ctx = Ctx(rank, world, CheckpointDir(root), Path(out), params)
-    report: dict[str, Any] = {"error": None, "message": "", "data": None}
-    start = time.monotonic()
-    try:
-        report["data"] = SCENARIOS[name](ctx)
-    except BaseException as exc:  # CheckpointException is a BaseException
-        report["error"] = type(exc).__name__
-        report["message"] = str(exc) + "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))
-        if isinstance(exc, CheckpointException):
-            report["data"] = {
-                str(r): type(f[0] if isinstance(f, tuple) else f).__name__
-                for r, f in exc.failures.items()
-            }
-    report["elapsed"] = time.monotonic() - start
-    (Path(out) / f"rank{rank}.json").write_text(json.dumps(report))
-    if report["error"] is None:
-        dist.destroy_process_group()
-    os._exit(0)  # after a failed save the groups may be broken: leave without collectives
+
+
+def _failed_ranks(exc: BaseException) -> dict[str, str] | None:
+    if not isinstance(exc, CheckpointException):
+        return None
+    return {
+        str(r): type(f[0] if isinstance(f, tuple) else f).__name__ for r, f in exc.failures.items()
+    }
 
 
 def state_for(rank: int, seed: int) -> dict[str, torch.Tensor]:

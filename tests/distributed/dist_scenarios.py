@@ -12,28 +12,18 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from ranks import Ctx, run_scenario
 
-from atomic_ckpt import CheckpointDir, DistributedCommitError, RetentionPolicy, _fs
+from atomic_ckpt import DistributedCommitError, RetentionPolicy, _fs
 from atomic_ckpt.distributed import distributed_commit, load_dcp, rank_path, resume
 
 TIMEOUT = 4.0
 """The commit timeout of the failure scenarios: short, to keep the suite fast."""
-
-
-@dataclass
-class Ctx:
-    rank: int
-    world: int
-    ckpts: CheckpointDir
-    out: Path
-    params: dict[str, Any]
 
 
 SCENARIOS: dict[str, Callable[[Ctx], Any]] = {}
@@ -47,29 +37,8 @@ def scenario(fn: Callable[[Ctx], Any]) -> Callable[[Ctx], Any]:
 def main(
     name: str, rank: int, world: int, paths: tuple[str, str, str], params: dict[str, Any]
 ) -> None:
-    """Run scenario ``name`` as ``rank``; ``paths`` are (init file, checkpoint root, out dir)."""
-    init, root, out = paths
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=30),
-    )
-    ctx = Ctx(rank, world, CheckpointDir(root), Path(out), params)
-    report: dict[str, Any] = {"error": None, "message": "", "data": None}
-    start = time.monotonic()
-    try:
-        report["data"] = SCENARIOS[name](ctx)
-    except Exception as exc:
-        report["error"] = type(exc).__name__
-        report["message"] = str(exc) + "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))
-    report["elapsed"] = time.monotonic() - start
-    (Path(out) / f"rank{rank}.json").write_text(json.dumps(report))
-    if report["error"] is None:
-        dist.destroy_process_group()
-    # After a failed commit the group may be broken: leave without collectives.
-    os._exit(0)
+    """Run scenario ``name`` as ``rank`` (see tests/ranks.py)."""
+    run_scenario(name, rank, world, paths, params, scenarios=SCENARIOS)
 
 
 def payload(rank: int, step: int, size: int = 1000) -> bytes:
