@@ -41,6 +41,7 @@ __all__ = [
     "rename",
     "rename_exchange",
     "rename_noreplace",
+    "start_writeback",
     "symlink",
     "symlink_replace",
     "unlink",
@@ -97,6 +98,42 @@ def _load_renameat2() -> Callable[[bytes, bytes, int], int] | None:
 
 
 _renameat2 = _load_renameat2()
+
+
+def _load_sync_file_range() -> Callable[[int, int, int], int] | None:
+    """A callable ``(fd, offset, length) -> 0 or -1`` starting writeback, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "sync_file_range", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, length: int) -> int:
+        return int(fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE))
+
+    return start
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range = _load_sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Ask the kernel to start writing ``length`` bytes of ``fd`` from ``offset`` to disk,
+    without waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``).
+
+    A hint, never a durability step: it flushes no metadata and no drive cache, so
+    the file's fsync must still follow. It lets the disk work while the writer is
+    still producing data, so that fsync has less left to wait for. Returns False
+    where it is not available (other systems, a file that does not support it);
+    a write error is not reported here but by the fsync that follows.
+    """
+    if _sync_file_range is None or length <= 0:
+        return False
+    return _sync_file_range(fd, offset, length) == 0
 
 
 def fsync_fd(fd: int) -> None:
