@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+import host_memory
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
@@ -328,6 +330,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "atomic_ckpt": atomic_ckpt.__version__,
+        "host_memory": host_memory.describe(),
     }
 
 
@@ -362,6 +365,7 @@ def machine_line(info: dict[str, Any]) -> str:
     return (
         f"{info['cpu']}, {info['cores']} cores, {ram}, {info['filesystem']}, "
         f"Linux {info['kernel']}, Python {info['python']}, torch {info['torch']}"
+        + (f", {info['host_memory']}" if info.get("host_memory") else "")
     )
 
 

@@ -155,10 +155,17 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def paired(row: dict[str, Any]) -> float:
+    """The median over repetitions of AtomicWriter / DCP sync_files within one repetition
+    (steadier than the ratio of medians when the disk's speed drifts between rounds)."""
+    runs = row["runs"]
+    return median([a / d for a, d in zip(runs["atomic"], runs["dcp_sync"], strict=True)])
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     head = (
         "| ranks | AtomicWriter | DCP sync_files | torch.save + fsync | "
-        "**AtomicWriter / DCP sync_files** | AtomicWriter / torch.save | "
+        "**AtomicWriter / DCP sync_files** (medians; paired) | AtomicWriter / torch.save | "
         "async blocking (fresh copy) | async blocking (cached buffers) | "
         "**async blocking / sync** (fresh, cached) | async total (fresh, cached) |"
     )
@@ -167,7 +174,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         a = r["atomic"]
         lines.append(
             f"| {r['ranks']} | {a:.3f} s | {r['dcp_sync']:.3f} s | "
-            f"{r['torch_save']:.3f} s | **{a / r['dcp_sync']:.2f}** | "
+            f"{r['torch_save']:.3f} s | **{a / r['dcp_sync']:.2f}; {paired(r):.2f}** | "
             f"{a / r['torch_save']:.2f} | {r['async']:.3f} s | {r['async_cached']:.3f} s | "
             f"**{r['async'] / a:.2f}, {r['async_cached'] / a:.2f}** | "
             f"{r['async_total']:.3f} s, {r['async_cached_total']:.3f} s |"

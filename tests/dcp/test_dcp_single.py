@@ -7,6 +7,7 @@ import itertools
 import pickle
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,6 +249,63 @@ def test_cached_staging_buffers_are_reused_only_for_the_same_layout(
     target = {k: torch.zeros_like(v) for k, v in second.items()}
     dcp.load(target, checkpoint_id=ckpts.path_of(2), no_dist=True)
     assert all(torch.equal(target[k], v) for k, v in second.items())
+
+
+def test_staging_copies_into_the_cache_like_torch_does_on_several_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The copy into cached buffers gives what torch's _copy_state_dict gives (the state's
+    structure, the cache's tensors filled from the state's, the state's other values), and
+    two tensors are copied at the same time (a barrier only two threads can pass)."""
+    import os
+    import threading
+
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+    import atomic_ckpt.dcp as atomic_dcp
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the copy runs on one thread")
+    state = {
+        "model": {"w": torch.randn(64, 8), "b": torch.arange(5, dtype=torch.int64)},
+        "optim": {"state": [torch.ones(3), (torch.zeros(2, dtype=torch.float16), 7)], "lr": 0.1},
+        "step": 12,
+        "name": "run",
+        "none": None,
+    }
+    cache = _create_cpu_state_dict(state)
+    expected = _copy_state_dict(state, _create_cpu_state_dict(state))
+
+    meet = threading.Barrier(2, timeout=10)
+    real = atomic_dcp._copy_state_dict
+    threads: set[int] = set()
+
+    def together(src: dict[str, Any], dst: dict[str, Any]) -> dict[str, Any]:
+        threads.add(threading.get_ident())
+        if len(threads) <= 2 and not meet.broken:
+            meet.wait()  # raises BrokenBarrierError if the copies ran one after the other
+        return real(src, dst)
+
+    monkeypatch.setattr(atomic_dcp, "_copy_state_dict", together)
+    staged = atomic_dcp._copy_staged(state, cache)
+
+    assert len(threads) >= 2
+    assert type(staged["optim"]["state"]) is list
+    assert type(staged["optim"]["state"][1]) is tuple
+    assert staged["step"] == expected["step"] == 12
+    assert staged["name"] is state["name"]
+    assert staged["none"] is None
+    assert staged["optim"]["lr"] == 0.1
+    assert staged["model"]["w"].data_ptr() == cache["model"]["w"].data_ptr()
+    assert staged["optim"]["state"][0].data_ptr() == cache["optim"]["state"][0].data_ptr()
+    for got, want in (
+        (staged["model"]["w"], expected["model"]["w"]),
+        (staged["model"]["b"], expected["model"]["b"]),
+        (staged["optim"]["state"][0], expected["optim"]["state"][0]),
+        (staged["optim"]["state"][1][0], expected["optim"]["state"][1][0]),
+    ):
+        assert got.dtype == want.dtype
+        assert torch.equal(got, want)
 
 
 def _record_writeback(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
