@@ -82,7 +82,8 @@ def sync_tree(
     there, so the marker's own fsyncs overlap the data's instead of following
     them (nothing in a staging dir is visible before the rename, which waits for
     all of them). Hashes are queued first, then the flushes, largest file first:
-    a large file is hashed (CPU, from the page cache) while it is flushed (disk).
+    a large file is hashed (CPU, from the page cache) while it is flushed (disk);
+    the largest is hashed by the calling thread itself.
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
@@ -114,15 +115,22 @@ def _flush(
     the manifest entries of all three sorted by path (``then`` as in :func:`sync_tree`)."""
     files = sorted(files, key=lambda f: -f[2])
     with Workers(workers) as pool:
+        # The largest file is hashed here, in the calling thread, once everything else is
+        # queued: no thread to start or hand over to for it (a one-file commit starts one
+        # thread, for its fsync; without fsyncs, none).
         sums = {
             rel: pool.submit(functools.partial(checksum_file, path, checksum))
-            for rel, path, _ in files
+            for rel, path, _ in files[1:]
             if checksum is not None
         }
         flushes: list[Future[None]] = []
         if policy.durable:
             flushes += [pool.submit(functools.partial(policy.file, path)) for _, path, _ in files]
             flushes += [pool.submit(functools.partial(policy.subdir, path)) for _, path in dirs]
+        if files and checksum is not None:
+            rel, path, _ = files[0]
+            sums[rel] = Future()
+            sums[rel].set_result(checksum_file(path, checksum))
         out = [
             FileEntry(rel, "file", size=size, checksum=sums[rel].result() if sums else None)
             for rel, _, size in files

@@ -297,6 +297,64 @@ def test_commit_never_follows_a_symlink(ckpts: CheckpointDir, tmp_path: Path) ->
     assert entries["filelink"].type == "symlink"
 
 
+def test_the_largest_file_is_hashed_by_the_committing_thread(
+    ckpts: CheckpointDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread is started or handed work for the largest file's checksum: the committing
+    thread computes it while the workers flush (a one-file commit without fsyncs starts no
+    thread at all); the other files are hashed on the workers."""
+    import threading
+
+    real_checksum = _tree.checksum_file
+    hashed_by: dict[str, int] = {}
+    submitted: list[object] = []
+    real_submit = _tree.Workers.submit
+
+    def checksum_file(path: Path, algorithm: str) -> str:
+        hashed_by[Path(path).name] = threading.get_ident()
+        return real_checksum(path, algorithm)
+
+    def submit(self: _tree.Workers, job: Callable[[], object]) -> object:
+        submitted.append(job)
+        return real_submit(self, job)
+
+    monkeypatch.setattr(_tree, "checksum_file", checksum_file)
+    monkeypatch.setattr(_tree.Workers, "submit", submit)
+    with ckpts.commit(1) as path:
+        write(path, {"big.bin": b"b" * 5000, "small.bin": b"s", "other.bin": b"o" * 10})
+    assert hashed_by["big.bin"] == threading.get_ident()
+    assert {hashed_by["small.bin"], hashed_by["other.bin"]} != {threading.get_ident()}
+    ckpts.verify(1)
+
+    submitted.clear()
+    fast = CheckpointDir(tmp_path / "fast", durable=False)
+    with fast.commit(1) as path:
+        write(path, {"only.bin": b"x" * 100})
+    assert submitted == []
+    assert fast.verify(1).manifest.files[0].checksum == real_checksum(
+        fast.path_of(1) / "only.bin", fast.checksum or ""
+    )
+
+
+def test_a_failed_hash_in_the_committing_thread_promotes_nothing(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error while the committing thread hashes (say EIO reading the file back) fails the
+    commit once the workers' fsyncs have ended: nothing promoted, no staging dir left."""
+    failed: list[str] = []
+
+    def checksum_file(path: Path, algorithm: str) -> str:
+        failed.append(Path(path).name)
+        raise OSError(errno.EIO, "injected read error", str(path))
+
+    monkeypatch.setattr(_tree, "checksum_file", checksum_file)
+    with pytest.raises(OSError, match="injected read error"), ckpts.commit(1) as path:
+        write(path, {"model.bin": b"m" * 100})
+    assert failed == ["model.bin"]
+    assert ckpts.steps() == []
+    assert [p.name for p in ckpts.root.iterdir()] == []
+
+
 def test_durable_commit_fsyncs_files_dirs_staging_then_root(ckpts: CheckpointDir) -> None:
     """Each file and subdir is fsynced, then the staging dir, then (after the rename) the root."""
     calls: list[tuple[str, Path]] = []
