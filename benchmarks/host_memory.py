@@ -5,18 +5,21 @@
     sudo python benchmarks/host_memory.py keep      # before the benchmarks
     sudo python benchmarks/host_memory.py restore   # after them
     python benchmarks/host_memory.py                # what the machine does now
+    python benchmarks/host_memory.py probe DIR      # the effect, measured in DIR
 
-Why: a VM with virtio-balloon free page reporting (Linux ``page_reporting``, as on
-this machine) hands the memory it frees back to the host, in blocks of
-2^``page_reporting_order`` pages, a few seconds after freeing it. The next write
-that needs page cache then takes those pages back one host fault at a time: here
-800 MB written and fsynced took 2.2 s on such pages against 0.37 s on pages
-already backed. Which method of a benchmark gets them depends on what the
-machine freed a moment earlier, not on the method, so side-by-side ratios swing
-by 2-3x. ``keep`` raises the order above the largest block the kernel has (so no
-free block is reported again) and touches the free memory once (so what was
-already reported is backed again); ``restore`` puts the order back. Every
-benchmark's machine line says which state it ran in (:func:`describe`).
+Why: a VM with virtio-balloon free page reporting (Linux ``page_reporting``, as
+on this machine) hands the memory it frees back to its host, in blocks of
+2^``page_reporting_order`` pages, a few seconds after freeing it. A write that
+grows the page cache into such memory takes it back one host fault at a time:
+here ``probe`` wrote and fsynced 800 MB in 1.8-2.3 s with reporting on (after a
+minute idle) against 0.41-0.53 s after ``keep``. Which method of a benchmark
+meets such memory depends on what the machine did a moment earlier, not on the
+method, so side-by-side ratios swing by 2-3x.
+
+``keep`` raises the order above the largest block the kernel has (so no free
+block is reported again) and touches the free memory once (so what was already
+reported is backed again); ``restore`` puts the order back. Every benchmark's
+machine line says which state it ran in (:func:`describe`).
 """
 
 from __future__ import annotations
@@ -73,12 +76,40 @@ def restore() -> None:
     SAVED.unlink(missing_ok=True)
 
 
+def probe(directory: Path, rounds: int = 6, size: int = 800 << 20) -> None:
+    """Write and fsync ``size`` bytes into ``rounds`` new files of ``directory`` (kept
+    until the end, so the page cache grows into memory it has not used lately); print each
+    time, then delete them. With reporting on, a round whose pages the host had taken back
+    takes several times longer."""
+    import os
+    import time
+
+    chunk = os.urandom(32 << 20)
+    paths = [directory / f"host_memory_probe_{os.getpid()}_{i}" for i in range(rounds)]
+    try:
+        for i, path in enumerate(paths):
+            start = time.perf_counter()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                for _ in range(size // len(chunk)):
+                    os.write(fd, chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            took = time.perf_counter() - start
+            print(f"file {i + 1}: {size >> 20} MB written and fsynced in {took:.2f} s", flush=True)
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("action", nargs="?", choices=["keep", "restore"])
+    parser.add_argument("action", nargs="?", choices=["keep", "restore", "probe"])
+    parser.add_argument("directory", nargs="?", type=Path, default=Path("."), help="for probe")
     parser.add_argument("--reserve-gib", type=float, default=2.0, help="memory left untouched")
     args = parser.parse_args()
-    if args.action is not None and not ORDER.exists():
+    if args.action in ("keep", "restore") and not ORDER.exists():
         print(f"host_memory.py: {ORDER} does not exist: nothing to do here", file=sys.stderr)
         return 0
     try:
@@ -86,6 +117,10 @@ def main() -> int:
             keep(args.reserve_gib)
         elif args.action == "restore":
             restore()
+        elif args.action == "probe":
+            print(describe())
+            probe(args.directory)
+            return 0
     except PermissionError:
         print(f"host_memory.py: writing {ORDER} needs root", file=sys.stderr)
         return 2
