@@ -119,7 +119,7 @@ def _flush(
         # queued: no thread to start or hand over to for it (a one-file commit starts one
         # thread, for its fsync; without fsyncs, none).
         sums = {
-            rel: pool.submit(functools.partial(checksum_file, path, checksum))
+            rel: pool.submit(functools.partial(checksum_file, path, checksum, mapped=True))
             for rel, path, _ in files[1:]
             if checksum is not None
         }
@@ -130,7 +130,7 @@ def _flush(
         if files and checksum is not None:
             rel, path, _ = files[0]
             sums[rel] = Future()
-            sums[rel].set_result(checksum_file(path, checksum))
+            sums[rel].set_result(checksum_file(path, checksum, mapped=True))
         out = [
             FileEntry(rel, "file", size=size, checksum=sums[rel].result() if sums else None)
             for rel, _, size in files

@@ -11,6 +11,7 @@ import stat
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from treeutil import contents, write
@@ -272,9 +273,9 @@ def test_commit_never_follows_a_symlink(ckpts: CheckpointDir, tmp_path: Path) ->
         touched.append(Path(path))
         real_fsync_dir(path)
 
-    def checksum_file(path: Path, algorithm: str) -> str:
+    def checksum_file(path: Path, algorithm: str, **options: Any) -> str:
         touched.append(Path(path))
-        return real_checksum(path, algorithm)
+        return real_checksum(path, algorithm, **options)
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(_fs, "fsync_file", fsync_file)
@@ -310,9 +311,9 @@ def test_the_largest_file_is_hashed_by_the_committing_thread(
     submitted: list[object] = []
     real_submit = _tree.Workers.submit
 
-    def checksum_file(path: Path, algorithm: str) -> str:
+    def checksum_file(path: Path, algorithm: str, **options: Any) -> str:
         hashed_by[Path(path).name] = threading.get_ident()
-        return real_checksum(path, algorithm)
+        return real_checksum(path, algorithm, **options)
 
     def submit(self: _tree.Workers, job: Callable[[], object]) -> object:
         submitted.append(job)
@@ -343,7 +344,7 @@ def test_a_failed_hash_in_the_committing_thread_promotes_nothing(
     commit once the workers' fsyncs have ended: nothing promoted, no staging dir left."""
     failed: list[str] = []
 
-    def checksum_file(path: Path, algorithm: str) -> str:
+    def checksum_file(path: Path, algorithm: str, **options: Any) -> str:
         failed.append(Path(path).name)
         raise OSError(errno.EIO, "injected read error", str(path))
 

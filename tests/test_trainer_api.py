@@ -193,9 +193,9 @@ def test_carried_files_are_neither_hashed_nor_fsynced_again(
     hashed: list[str] = []
     real_checksum = _tree.checksum_file
 
-    def spy(path: Path, algorithm: str) -> str:
+    def spy(path: Path, algorithm: str, **options: Any) -> str:
         hashed.append(Path(path).name)
-        return real_checksum(path, algorithm)
+        return real_checksum(path, algorithm, **options)
 
     monkeypatch.setattr(_tree, "checksum_file", spy)
     fsynced = calls("fsync_file")

@@ -1,0 +1,79 @@
+"""Hashing a file through a read-only mapping (a commit's own staging files) gives exactly
+what reading it gives, and falls back to reading wherever a mapping is not made."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atomic_ckpt import CheckpointDir, _checksums
+
+SIZES = [0, 1, (1 << 20) - 1, 1 << 20, (9 << 20) + 123]
+"""Empty, tiny, just under and at the mapping threshold, and more than one 8 MiB chunk."""
+
+
+@pytest.fixture
+def mappings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every mapping the checksum code makes (the real mmap is used)."""
+    made: list[int] = []
+    real = mmap.mmap
+
+    def recording(fd: int, length: int, *args: Any, **kwargs: Any) -> mmap.mmap:
+        made.append(length)
+        return real(fd, length, *args, **kwargs)
+
+    monkeypatch.setattr(_checksums.mmap, "mmap", recording)
+    return made
+
+
+@pytest.mark.parametrize("algorithm", sorted(_checksums.CHECKSUMS))
+@pytest.mark.parametrize("size", SIZES)
+def test_a_mapped_checksum_equals_the_read_one(
+    tmp_path: Path, algorithm: str, size: int, mappings: list[int]
+) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(size))
+    read = _checksums.checksum_file(path, algorithm)
+    assert mappings == []  # reading never maps
+    assert _checksums.checksum_file(path, algorithm, mapped=True) == read
+    assert _checksums.hashed_size() == size
+    assert mappings == ([size] if size >= 1 << 20 else [])
+
+
+def test_a_file_that_cannot_be_mapped_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mmap failing (a filesystem without it: ENODEV) is not an error: the file is read."""
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(3 << 20))
+    refused: list[int] = []
+
+    def no_mmap(fd: int, length: int, *args: Any, **kwargs: Any) -> mmap.mmap:
+        refused.append(length)
+        raise OSError(errno.ENODEV, "no mmap here")
+
+    expected = _checksums.checksum_file(path, "xxh3_128")
+    monkeypatch.setattr(_checksums.mmap, "mmap", no_mmap)
+    assert _checksums.checksum_file(path, "xxh3_128", mapped=True) == expected
+    assert refused == [3 << 20]
+
+
+def test_a_commit_hashes_its_large_files_through_a_mapping(
+    ckpts: CheckpointDir, mappings: list[int]
+) -> None:
+    """Step 3 maps the staging files it hashes (large ones), and the manifest holds the
+    same digests a reading verify() computes."""
+    with ckpts.commit(1) as path:
+        (path / "big.bin").write_bytes(os.urandom(2 << 20))
+        (path / "small.bin").write_bytes(b"s" * 10)
+        (path / "sub").mkdir()
+        (path / "sub" / "large.bin").write_bytes(os.urandom((1 << 20) + 5))
+    assert sorted(mappings) == [(1 << 20) + 5, 2 << 20]
+    mappings.clear()
+    ckpts.verify(1)  # reads every file again and compares
+    assert mappings == []
