@@ -25,6 +25,7 @@ Every call that changes the tree goes through :mod:`._fs`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -50,6 +51,13 @@ PathLike = str | os.PathLike[str]
 
 _TOKEN_LEN = 32
 _TEMP_RE = re.compile(rf"\..*{re.escape(TMP_INFIX)}[0-9a-f]{{{_TOKEN_LEN}}}", re.ASCII | re.DOTALL)
+_ASIDE = "old-"
+_ASIDE_RE = re.compile(
+    rf"\.(?P<name>.+){re.escape(TMP_INFIX)}{_ASIDE}[0-9a-f]{{{_TOKEN_LEN}}}", re.DOTALL
+)
+"""``.<name>.tmp-old-<32 hex>``: an old directory that :func:`commit_directory` moved
+aside (where the filesystem cannot exchange), under its full name so that it can be
+put back."""
 
 
 def _split(path: PathLike) -> tuple[Path, str]:
@@ -240,9 +248,10 @@ def commit_directory(staging: PathLike, target: PathLike, *, durable: bool = Tru
     then it is renamed to ``target`` (``RENAME_NOREPLACE``), or, where ``target`` exists,
     exchanged with it atomically (``RENAME_EXCHANGE``) and the old copy removed; the parent
     is fsynced. Where the filesystem cannot exchange, the old ``target`` is first renamed
-    aside under a temporary name: a crash in that window leaves no ``target`` but the old
-    copy aside (``clean_temporaries`` removes it). On an error before the rename the
-    staging directory is removed and ``target`` is untouched. Returns ``target``'s path.
+    aside (``.<name>.tmp-old-<hex>``): a crash in that window leaves no ``target`` but the
+    old copy aside, which :func:`clean_temporaries` puts back. On an error before the
+    rename the staging directory is removed and ``target`` is untouched. Returns
+    ``target``'s path.
     """
     source = Path(os.path.realpath(staging))
     directory, name = _split(target)
@@ -262,12 +271,19 @@ def commit_directory(staging: PathLike, target: PathLike, *, durable: bool = Tru
             except OSError as exc:
                 if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
                     raise
-                aside = directory / temp_name(name)
+                aside = directory / _aside_name(name)
                 _fs.rename(final, aside)
                 try:
                     _fs.rename_noreplace(source, final)
-                except BaseException:
-                    _fs.rename(aside, final)
+                except BaseException as failed:
+                    try:
+                        _fs.rename(aside, final)
+                    except OSError as undo:
+                        failed.add_note(
+                            f"atomic_ckpt: moving the old copy back to {final} also failed "
+                            f"({undo!r}); it is intact at {aside}, and clean_temporaries() "
+                            "puts it back"
+                        )
                     raise
                 old = aside
     except BaseException as exc:
@@ -284,6 +300,22 @@ def commit_directory(staging: PathLike, target: PathLike, *, durable: bool = Tru
     if old is not None:
         _fs.remove_tree(old)
     return final
+
+
+def _aside_name(name: str) -> str:
+    """The name the old ``name`` is moved aside under; OSError(ENAMETOOLONG) if the whole
+    name does not fit (it must, to be put back after a crash)."""
+    aside = f".{name}{TMP_INFIX}{_ASIDE}{new_token()}"
+    if len(aside.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        limit = NAME_MAX - (1 + len(TMP_INFIX) + len(_ASIDE) + _TOKEN_LEN)
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"this filesystem cannot exchange directories, so replacing {name!r} moves the "
+            f"old one aside under a longer name, which must keep the whole name to be put "
+            f"back after a crash: use a name of at most {limit} bytes",
+            name,
+        )
+    return aside
 
 
 def _fsync_tree(root: Path) -> None:
@@ -324,8 +356,14 @@ def remove_directory(path: PathLike, *, durable: bool = True) -> bool:
 
 
 def clean_temporaries(directory: PathLike, *, durable: bool = True) -> list[Path]:
-    """Remove what interrupted writes left in ``directory``: temporary files, links and
-    directories of this module's form (``.<name>.tmp-<32 hex>``); returns their paths.
+    """Repair what interrupted writes left in ``directory``; returns the paths it removed
+    or put back.
+
+    An old directory that :func:`commit_directory` had moved aside
+    (``.<name>.tmp-old-<hex>``) is renamed back to ``<name>`` if that is missing (the
+    crash came before the new one took its place), else removed once the directory is
+    fsynced (the new one is in place, and durable). Temporary files, links and
+    directories (``.<name>.tmp-<32 hex>``) are removed.
 
     Call it only while nothing of this module writes into ``directory`` (say, when a
     trainer starts): it cannot tell a live temporary from an orphan.
@@ -335,15 +373,30 @@ def clean_temporaries(directory: PathLike, *, durable: bool = True) -> list[Path
         names = sorted(os.listdir(real))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    removed: list[Path] = []
+    touched: list[Path] = []
+    stale: list[Path] = []
     try:
+        for name in names:
+            aside = _ASIDE_RE.fullmatch(name)
+            if aside is not None:
+                target = real / aside["name"]
+                if os.path.lexists(target):  # the new one took its place (or one was put back)
+                    stale.append(real / name)
+                else:
+                    _fs.rename_noreplace(real / name, target)
+                    touched.append(real / name)
+        if (touched or stale) and durable:
+            _fs.fsync_dir(real)  # what is put back, and the replacements, before removals
         for name in names:
             if _TEMP_RE.fullmatch(name) is not None:
                 _fs.remove_tree(real / name)  # a file or a tree; links are never followed
-                removed.append(real / name)
-        if removed and durable:
+                touched.append(real / name)
+        for path in stale:
+            _fs.remove_tree(path)
+            touched.append(path)
+        if touched and durable:
             _fs.fsync_dir(real)
     except OSError as exc:
         _raise_wrapped(exc, real)
         raise
-    return removed
+    return touched

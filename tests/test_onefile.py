@@ -385,6 +385,117 @@ def test_commit_directory_failure_leaves_the_old_one(
         commit_directory(other, tmp_path / "x")
 
 
+_CRASH_IN_THE_MOVE_ASIDE_WINDOW = """
+import errno, os, sys
+from pathlib import Path
+from atomic_ckpt import _fs, commit_directory
+real_noreplace = _fs.rename_noreplace
+calls = []
+def no_exchange(a, b):
+    raise OSError(errno.EINVAL, "no RENAME_EXCHANGE here")
+def noreplace(src, dst):
+    calls.append(src)
+    if len(calls) == 2:  # the new one's rename, after the old one was moved aside
+        os._exit(9)
+    return real_noreplace(src, dst)
+_fs.rename_exchange = no_exchange
+_fs.rename_noreplace = noreplace
+commit_directory(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_a_crash_between_the_move_aside_and_the_rename_is_put_back_by_clean_temporaries(
+    tmp_path: Path,
+) -> None:
+    """Without RENAME_EXCHANGE the old directory is moved aside first. A process killed in
+    that window leaves no target, only the old copy aside: clean_temporaries puts it back
+    (it must not remove the only copy) and removes the unfinished new one."""
+    import subprocess
+    import sys
+
+    make_tree(tmp_path / "a.ckpt", b"old")
+    staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
+    child = subprocess.run(
+        [sys.executable, "-c", _CRASH_IN_THE_MOVE_ASIDE_WINDOW, staging, tmp_path / "a.ckpt"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 9, child.stderr  # killed exactly in the window
+    left = listing(tmp_path)
+    assert "a.ckpt" not in left
+    (aside,) = [n for n in left if n.startswith(".a.ckpt.tmp-old-")]
+    assert (tmp_path / aside / "sub" / "shard").read_bytes() == b"old"
+
+    repaired = clean_temporaries(tmp_path)
+    assert sorted(repaired) == sorted([tmp_path / aside, staging])
+    assert listing(tmp_path) == ["a.ckpt"]
+    assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"old"
+
+
+def test_clean_temporaries_removes_an_old_copy_whose_replacement_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An old copy left aside after the new directory took its name (a crash before it was
+    removed) goes, after a fsync of the directory that makes the replacement durable."""
+    make_tree(tmp_path / "a.ckpt", b"new")
+    aside = make_tree(tmp_path / (".a.ckpt.tmp-old-" + "ab" * 16), b"old")
+    order: list[str] = []
+    real_dir, real_remove = _fs.fsync_dir, _fs.remove_tree
+    monkeypatch.setattr(_fs, "fsync_dir", lambda p: (order.append("fsync"), real_dir(p))[1])
+    monkeypatch.setattr(
+        _fs, "remove_tree", lambda p: (order.append(Path(p).name), real_remove(p))[1]
+    )
+    assert clean_temporaries(tmp_path) == [aside]
+    assert order == ["fsync", aside.name, "fsync"]
+    assert listing(tmp_path) == ["a.ckpt"]
+    assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"new"
+
+
+def test_a_failed_move_back_says_where_the_old_copy_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new one's rename fails (EIO) and so does moving the old one back: the error says
+    where the old copy is, and clean_temporaries puts it back."""
+    make_tree(tmp_path / "a.ckpt", b"old")
+    staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
+    no_exchange = inject(monkeypatch, "rename_exchange", errno.EINVAL)
+    failed_rename = inject(
+        monkeypatch,
+        "rename_noreplace",
+        errno.EIO,
+        when=lambda src, dst: "old" not in src.name and not (tmp_path / "a.ckpt").exists(),
+    )
+    stuck = inject(monkeypatch, "rename", errno.EIO, when=lambda src, dst: dst.name == "a.ckpt")
+    with pytest.raises(OSError, match=os.strerror(errno.EIO)) as raised:
+        commit_directory(staging, tmp_path / "a.ckpt")
+    assert no_exchange, "the injected fault did not fire"
+    assert failed_rename, "the injected fault did not fire"
+    assert stuck, "the injected fault did not fire"
+    assert any("clean_temporaries() puts it back" in n for n in raised.value.__notes__)
+    monkeypatch.undo()
+    clean_temporaries(tmp_path)
+    assert listing(tmp_path) == ["a.ckpt"]
+    assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"old"
+
+
+def test_a_name_too_long_to_move_aside_whole_is_refused_before_anything_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without RENAME_EXCHANGE the old copy must keep its whole name aside (to be put back):
+    a name too long for that is refused with ENAMETOOLONG; the old one stays in place."""
+    name = "n" * 230
+    make_tree(tmp_path / name, b"old")
+    staging = make_tree(tmp_path / _onefile.temp_name(name), b"new")
+    hits = inject(monkeypatch, "rename_exchange", errno.EINVAL)
+    with pytest.raises(OSError, match="at most 213 bytes") as raised:
+        commit_directory(staging, tmp_path / name)
+    assert hits
+    assert raised.value.errno == errno.ENAMETOOLONG
+    assert listing(tmp_path) == [name]
+    assert (tmp_path / name / "sub" / "shard").read_bytes() == b"old"
+
+
 def test_remove_directory_is_atomic_and_durable(tmp_path: Path) -> None:
     """A directory disappears under its name at once (renamed aside, then removed)."""
     make_tree(tmp_path / "a.ckpt", b"old")
