@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import stat
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
+log = logging.getLogger(__name__)
 
 _TOKEN_LEN = 32
 _TEMP_RE = re.compile(rf"\..*{re.escape(TMP_INFIX)}[0-9a-f]{{{_TOKEN_LEN}}}", re.ASCII | re.DOTALL)
@@ -271,6 +273,8 @@ def commit_directory(staging: PathLike, target: PathLike, *, durable: bool = Tru
             except OSError as exc:
                 if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
                     raise
+                for stale in _asides_of(directory, name):  # at most one aside per name
+                    remove_directory(stale, durable=durable)
                 aside = directory / _aside_name(name)
                 _fs.rename(final, aside)
                 try:
@@ -297,9 +301,20 @@ def commit_directory(staging: PathLike, target: PathLike, *, durable: bool = Tru
         raise
     if durable:
         _fsync_directory(directory, final, "the new directory")
-    if old is not None:
+    if old is not None and old != source:  # moved aside: never half-removed under that name
+        remove_directory(old, durable=durable)
+    elif old is not None:  # exchanged: the old copy holds the staging (temporary) name
         _fs.remove_tree(old)
     return final
+
+
+def _asides_of(directory: Path, name: str) -> list[Path]:
+    """The old copies of ``name`` moved aside in ``directory``."""
+    return [
+        directory / entry
+        for entry in sorted(os.listdir(directory))
+        if (found := _ASIDE_RE.fullmatch(entry)) is not None and found["name"] == name
+    ]
 
 
 def _aside_name(name: str) -> str:
@@ -361,9 +376,11 @@ def clean_temporaries(directory: PathLike, *, durable: bool = True) -> list[Path
 
     An old directory that :func:`commit_directory` had moved aside
     (``.<name>.tmp-old-<hex>``) is renamed back to ``<name>`` if that is missing (the
-    crash came before the new one took its place), else removed once the directory is
-    fsynced (the new one is in place, and durable). Temporary files, links and
-    directories (``.<name>.tmp-<32 hex>``) are removed.
+    crash came before the new one took its place); if ``<name>`` exists it is stale
+    and removed, after the directory is fsynced. Several asides of one missing name
+    (which commit_directory never leaves) are all kept, with a warning: which one is
+    the latest cannot be told. Temporary files, links and directories
+    (``.<name>.tmp-<32 hex>``) are removed.
 
     Call it only while nothing of this module writes into ``directory`` (say, when a
     trainer starts): it cannot tell a live temporary from an orphan.
@@ -373,28 +390,41 @@ def clean_temporaries(directory: PathLike, *, durable: bool = True) -> list[Path
         names = sorted(os.listdir(real))
     except (FileNotFoundError, NotADirectoryError):
         return []
+    asides: dict[str, list[Path]] = {}
+    for name in names:
+        if (found := _ASIDE_RE.fullmatch(name)) is not None:
+            asides.setdefault(found["name"], []).append(real / name)
     touched: list[Path] = []
-    stale: list[Path] = []
+    doomed = [real / name for name in names if _TEMP_RE.fullmatch(name) is not None]
     try:
-        for name in names:
-            aside = _ASIDE_RE.fullmatch(name)
-            if aside is not None:
-                target = real / aside["name"]
-                if os.path.lexists(target):  # the new one took its place (or one was put back)
-                    stale.append(real / name)
-                else:
-                    _fs.rename_noreplace(real / name, target)
-                    touched.append(real / name)
-        if (touched or stale) and durable:
-            _fs.fsync_dir(real)  # what is put back, and the replacements, before removals
-        for name in names:
-            if _TEMP_RE.fullmatch(name) is not None:
-                _fs.remove_tree(real / name)  # a file or a tree; links are never followed
-                touched.append(real / name)
-        for path in stale:
-            _fs.remove_tree(path)
-            touched.append(path)
+        for target_name, copies in asides.items():
+            target = real / target_name
+            if os.path.lexists(target):  # the new one took its place: these are stale
+                for stale in copies:
+                    # Under a plain temporary name first: a kill while it is removed
+                    # leaves a temporary, never a half-removed copy that could be put back.
+                    retired = real / temp_name(stale.name)
+                    _fs.rename(stale, retired)
+                    doomed.append(retired)
+                    touched.append(stale)
+            elif len(copies) == 1:
+                _fs.rename_noreplace(copies[0], target)
+                touched.append(copies[0])
+            else:
+                log.warning(
+                    "%s is missing and %d old copies of it were left aside (%s): keeping "
+                    "them all; rename the one you want back to %s",
+                    target,
+                    len(copies),
+                    ", ".join(c.name for c in copies),
+                    target_name,
+                )
         if touched and durable:
+            _fs.fsync_dir(real)  # what is put back, and the retired names, before removals
+        for path in doomed:
+            _fs.remove_tree(path)  # a file or a tree; links are never followed
+        touched += [p for p in doomed if _TEMP_RE.fullmatch(p.name) and p.name in names]
+        if doomed and durable:
             _fs.fsync_dir(real)
     except OSError as exc:
         _raise_wrapped(exc, real)

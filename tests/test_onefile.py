@@ -437,7 +437,9 @@ def test_clean_temporaries_removes_an_old_copy_whose_replacement_is_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An old copy left aside after the new directory took its name (a crash before it was
-    removed) goes, after a fsync of the directory that makes the replacement durable."""
+    removed) goes: first renamed to a plain temporary name (a kill while removing it never
+    leaves a half-removed copy under a name that could be put back), then, after a fsync of
+    the directory that makes the replacement durable, removed."""
     make_tree(tmp_path / "a.ckpt", b"new")
     aside = make_tree(tmp_path / (".a.ckpt.tmp-old-" + "ab" * 16), b"old")
     order: list[str] = []
@@ -447,9 +449,69 @@ def test_clean_temporaries_removes_an_old_copy_whose_replacement_is_in_place(
         _fs, "remove_tree", lambda p: (order.append(Path(p).name), real_remove(p))[1]
     )
     assert clean_temporaries(tmp_path) == [aside]
-    assert order == ["fsync", aside.name, "fsync"]
+    assert order[0] == "fsync"
+    assert order[1].startswith(f".{aside.name}.tmp-")  # removed under a temporary name
+    assert order[2:] == ["fsync"]
     assert listing(tmp_path) == ["a.ckpt"]
     assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"new"
+
+
+def test_several_old_copies_of_a_missing_name_are_all_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Which of two old copies is the latest cannot be told from their names: neither is
+    put back, neither removed, and the warning says so."""
+    first = make_tree(tmp_path / (".a.ckpt.tmp-old-" + "1" * 32), b"one")
+    second = make_tree(tmp_path / (".a.ckpt.tmp-old-" + "2" * 32), b"two")
+    with caplog.at_level("WARNING"):
+        assert clean_temporaries(tmp_path) == []
+    assert sorted(listing(tmp_path)) == sorted([first.name, second.name])
+    assert "2 old copies" in caplog.text
+
+
+def test_a_kill_while_the_replaced_copy_is_removed_never_leaves_it_to_be_put_back(
+    tmp_path: Path,
+) -> None:
+    """Without RENAME_EXCHANGE the old copy is removed after the new one is in place. A
+    kill in the middle of that removal leaves only a temporary: when the new directory is
+    later deleted, clean_temporaries has no half-removed old copy to put back."""
+    import subprocess
+    import sys
+
+    make_tree(tmp_path / "a.ckpt", b"old")
+    for i in range(5):
+        (tmp_path / "a.ckpt" / f"f{i}").write_bytes(b"old")
+    staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
+    child = subprocess.run(
+        [sys.executable, "-c", _KILL_WHILE_THE_OLD_COPY_IS_REMOVED, staging, tmp_path / "a.ckpt"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 9, child.stderr  # killed inside the removal
+    assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"new"
+    assert not [n for n in listing(tmp_path) if _onefile._ASIDE_RE.fullmatch(n)]
+    remove_directory(tmp_path / "a.ckpt")
+    clean_temporaries(tmp_path)
+    assert listing(tmp_path) == []
+
+
+_KILL_WHILE_THE_OLD_COPY_IS_REMOVED = """
+import errno, os, sys
+from atomic_ckpt import _fs, commit_directory
+real_unlink = os.unlink
+removed = []
+def no_exchange(a, b):
+    raise OSError(errno.EINVAL, "no RENAME_EXCHANGE here")
+def unlink(path, *args, **kwargs):
+    removed.append(path)
+    if len(removed) == 4:  # the old copy is partly removed
+        os._exit(9)
+    return real_unlink(path, *args, **kwargs)
+_fs.rename_exchange = no_exchange
+os.unlink = unlink
+commit_directory(sys.argv[1], sys.argv[2])
+"""
 
 
 def test_a_failed_move_back_says_where_the_old_copy_is(
