@@ -184,6 +184,7 @@ class Commit:
                 workers=root.workers,
                 skip=is_marker_name,
                 then=write_marker,
+                mapped=True,  # the caller's own files, written before the block ended
             )
         else:
             write_marker(files)

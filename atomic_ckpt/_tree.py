@@ -68,6 +68,7 @@ def sync_tree(
     workers: int = DEFAULT_WORKERS,
     skip: Callable[[str], bool] | None = None,
     then: Callable[[list[FileEntry]], None] | None = None,
+    mapped: bool = False,
 ) -> list[FileEntry]:
     """List every entry under ``top``; fsync its files and subdirectories (not ``top``).
 
@@ -81,9 +82,10 @@ def sync_tree(
     known, while the flushes may still be in flight: a commit writes its marker
     there, so the marker's own fsyncs overlap the data's instead of following
     them (nothing in a staging dir is visible before the rename, which waits for
-    all of them). Hashes are queued first, then the flushes, largest file first:
-    a large file is hashed (CPU, from the page cache) while it is flushed (disk);
-    the largest is hashed by the calling thread itself.
+    all of them). ``mapped``: ``top`` holds this process's own files (a commit's
+    staging dir), which may be hashed through a mapping. Hashes are queued first,
+    then the flushes, largest file first: a large file is hashed (CPU, from the page
+    cache) while it is flushed (disk); the largest is hashed by the calling thread.
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
@@ -98,7 +100,16 @@ def sync_tree(
             links.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
         else:
             log.warning("%s is not a file, directory or symlink; it is not recorded", entry.path)
-    return _flush(files, dirs, links, policy=policy, checksum=checksum, workers=workers, then=then)
+    return _flush(
+        files,
+        dirs,
+        links,
+        policy=policy,
+        checksum=checksum,
+        workers=workers,
+        then=then,
+        mapped=mapped,
+    )
 
 
 def _flush(
@@ -110,16 +121,20 @@ def _flush(
     checksum: str | None,
     workers: int,
     then: Callable[[list[FileEntry]], None] | None = None,
+    mapped: bool = False,
 ) -> list[FileEntry]:
     """fsync and hash ``files`` (relative path, path, size) and fsync ``dirs`` in parallel;
-    the manifest entries of all three sorted by path (``then`` as in :func:`sync_tree`)."""
+    the manifest entries of all three sorted by path (``then`` as in :func:`sync_tree`).
+
+    ``mapped``: the files are this process's own, which nobody truncates while they are
+    hashed, so they may be hashed through a mapping (see ``checksum_file``)."""
     files = sorted(files, key=lambda f: -f[2])
     with Workers(workers) as pool:
         # The largest file is hashed here, in the calling thread, once everything else is
         # queued: no thread to start or hand over to for it (a one-file commit starts one
         # thread, for its fsync; without fsyncs, none).
         sums = {
-            rel: pool.submit(functools.partial(checksum_file, path, checksum, mapped=True))
+            rel: pool.submit(functools.partial(checksum_file, path, checksum, mapped=mapped))
             for rel, path, _ in files[1:]
             if checksum is not None
         }
@@ -130,7 +145,7 @@ def _flush(
         if files and checksum is not None:
             rel, path, _ = files[0]
             sums[rel] = Future()
-            sums[rel].set_result(checksum_file(path, checksum, mapped=True))
+            sums[rel].set_result(checksum_file(path, checksum, mapped=mapped))
         out = [
             FileEntry(rel, "file", size=size, checksum=sums[rel].result() if sums else None)
             for rel, _, size in files
@@ -173,6 +188,7 @@ def sync_files(
     policy: SyncPolicy,
     checksum: str | None,
     workers: int = DEFAULT_WORKERS,
+    mapped: bool = False,
 ) -> list[FileEntry]:
     """Step 3 for the named entries of ``top`` only: fsync (and hash) each, once.
 
@@ -180,7 +196,7 @@ def sync_files(
     hashed, a directory fsynced (its entries, not its contents), a symlink recorded.
     For a rank of a multi-rank commit, which flushes exactly what it wrote. Returns
     their manifest entries sorted by path; a missing entry raises FileNotFoundError.
-    Like :func:`sync_tree`, the hashes are queued before the flushes.
+    Like :func:`sync_tree`, the hashes are queued before the flushes; ``mapped`` as there.
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
@@ -206,7 +222,9 @@ def sync_files(
             links.append(FileEntry(rel, "symlink", target=os.readlink(path)))
         else:
             raise ValueError(f"{path} is not a file, directory or symlink")
-    return _flush(files, dirs, links, policy=policy, checksum=checksum, workers=workers)
+    return _flush(
+        files, dirs, links, policy=policy, checksum=checksum, workers=workers, mapped=mapped
+    )
 
 
 class Workers:

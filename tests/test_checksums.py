@@ -77,3 +77,20 @@ def test_a_commit_hashes_its_large_files_through_a_mapping(
     mappings.clear()
     ckpts.verify(1)  # reads every file again and compares
     assert mappings == []
+
+
+def test_adopting_or_syncing_a_foreign_directory_never_maps_its_files(
+    tmp_path: Path, mappings: list[int]
+) -> None:
+    """mark_complete() and the public sync_tree()/sync_files() take directories this
+    process may not have written (another may still truncate a file there): they read,
+    so such a truncation is at worst a wrong checksum, never a SIGBUS."""
+    ckpts = CheckpointDir(tmp_path / "root")
+    foreign = ckpts.root / "7"
+    foreign.mkdir(parents=True)
+    (foreign / "big.bin").write_bytes(os.urandom(2 << 20))
+    ckpts.mark_complete(7)
+    ckpts.sync_tree(foreign)
+    ckpts.sync_files(foreign, ["big.bin"])
+    assert mappings == []
+    ckpts.verify(7)

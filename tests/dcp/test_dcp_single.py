@@ -14,6 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
 from atomic_ckpt import CheckpointDir  # noqa: E402
 from atomic_ckpt.dcp import AtomicWriter  # noqa: E402
 
@@ -281,9 +283,10 @@ def test_staging_copies_into_the_cache_like_torch_does_on_several_threads(
     threads: set[int] = set()
 
     def together(src: dict[str, Any], dst: dict[str, Any]) -> dict[str, Any]:
-        threads.add(threading.get_ident())
-        if len(threads) <= 2 and not meet.broken:
-            meet.wait()  # raises BrokenBarrierError if the copies ran one after the other
+        if isinstance(src["t"], torch.Tensor):  # the other values are checked by the caller
+            threads.add(threading.get_ident())
+            if len(threads) <= 2 and not meet.broken:
+                meet.wait()  # raises BrokenBarrierError if the copies ran one after the other
         return real(src, dst)
 
     monkeypatch.setattr(atomic_dcp, "_copy_state_dict", together)
@@ -306,6 +309,16 @@ def test_staging_copies_into_the_cache_like_torch_does_on_several_threads(
     ):
         assert got.dtype == want.dtype
         assert torch.equal(got, want)
+
+
+def test_staging_into_the_cache_refuses_what_dcp_cannot_save(ckpts: CheckpointDir) -> None:
+    """A value DCP's own copy refuses (here a bytearray) is refused by the cached copy too,
+    as torch refuses it, rather than staged by reference (later changes would be saved)."""
+    state = {"w": torch.zeros(4), "extra": bytearray(b"original")}
+    writer = AtomicWriter(ckpts, 1, cache_staged_state_dict=True)
+    with pytest.raises((ValueError, CheckpointException), match="Unexpected value type"):
+        dcp.async_save(state, storage_writer=writer, no_dist=True).result()
+    assert ckpts.steps() == []
 
 
 def _record_writeback(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
