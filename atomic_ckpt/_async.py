@@ -28,10 +28,10 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, SupportsIndex
 
 from ._checkpoint import CheckpointDir
+from ._closing import ClosesOnExit
 from ._errors import CommitterClosedError
 from ._manifest import check_metadata
 from ._retention import RetentionPolicy
@@ -134,7 +134,7 @@ def torch_save(state: Any, directory: Path) -> None:
     torch.save(state, directory / ASYNC_STATE_FILE)
 
 
-class AsyncCommitter:
+class AsyncCommitter(ClosesOnExit):
     """Commit checkpoints of ``ckpts`` in a background thread, one at a time.
 
     ::
@@ -150,6 +150,8 @@ class AsyncCommitter:
     ``state.pt``). ``retain`` is applied after each commit, in the background
     thread, once that commit is durable.
     """
+
+    _closing_what = "the background commit"
 
     def __init__(
         self,
@@ -236,25 +238,6 @@ class AsyncCommitter:
         with self._lock:
             self._closed = True
             self._join()
-
-    def __enter__(self) -> AsyncCommitter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
-        # The block failed: still wait for the commit in flight, but do not
-        # hide the block's error behind it; attach it.
-        try:
-            self.close()
-        except BaseException as failed:
-            exc.add_note(f"atomic_ckpt: the background commit failed as well: {failed!r}")
 
     def _join(self) -> None:
         """Join the thread in flight, then raise (once) the error of the last commit."""

@@ -12,10 +12,10 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, SupportsIndex
 
 from .. import AsyncCommitter, CheckpointDir, CommitterClosedError, RetentionPolicy
+from .._closing import ClosesOnExit
 from ._dir import RemoteCheckpointDir
 from ._protocol import RemoteCheckpoint
 
@@ -44,7 +44,7 @@ class AsyncRemoteCommitter(AsyncCommitter):
         super().__init__(remote, **kwargs)  # type: ignore[arg-type]
 
 
-class Mirror:
+class Mirror(ClosesOnExit):
     """Commit to a local :class:`~atomic_ckpt.CheckpointDir`, then mirror to a remote root.
 
     ::
@@ -64,6 +64,8 @@ class Mirror:
     raised by the next ``commit``, ``mirror``, ``wait`` or ``close`` (before any new
     work starts). ``retain`` is applied to the remote after each upload.
     """
+
+    _closing_what = "the mirror"
 
     def __init__(
         self,
@@ -143,23 +145,6 @@ class Mirror:
         with self._cond:
             self._closed = True
         self.wait()
-
-    def __enter__(self) -> Mirror:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
-        try:
-            self.close()
-        except BaseException as failed:
-            exc.add_note(f"atomic_ckpt: the mirror failed as well: {failed!r}")
 
     def _raise_failure(self, *, new_work: bool = False) -> None:
         with self._cond:
