@@ -41,6 +41,7 @@ __all__ = [
     "rename",
     "rename_exchange",
     "rename_noreplace",
+    "replace_by_moving_aside",
     "start_writeback",
     "symlink",
     "symlink_replace",
@@ -210,6 +211,25 @@ def rename_exchange(a: Path, b: Path) -> None:
 def rename(src: Path, dst: Path) -> None:
     """A plain rename (replaces an empty directory or a file at ``dst``)."""
     os.rename(src, dst)
+
+
+def replace_by_moving_aside(staging: Path, final: Path, aside: Path, *, repair: str) -> None:
+    """Replace ``final`` with ``staging`` where the filesystem cannot exchange them: the old
+    copy is renamed to ``aside``, then ``staging`` to ``final``. Between the two there is no
+    ``final``; if the second rename fails the old copy is moved back, and if that fails
+    too the error says where it is and what brings it back (``repair``)."""
+    rename(final, aside)
+    try:
+        rename_noreplace(staging, final)
+    except BaseException as exc:
+        try:
+            rename(aside, final)
+        except OSError as undo:
+            exc.add_note(
+                f"atomic_ckpt: moving the old copy back to {final} also failed ({undo!r}); "
+                f"it is intact at {aside}, and {repair}"
+            )
+        raise
 
 
 def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool) -> None:

@@ -276,19 +276,9 @@ def commit_directory(staging: PathLike, target: PathLike, *, durable: bool = Tru
                 for stale in _asides_of(directory, name):  # at most one aside per name
                     remove_directory(stale, durable=durable)
                 aside = directory / _aside_name(name)
-                _fs.rename(final, aside)
-                try:
-                    _fs.rename_noreplace(source, final)
-                except BaseException as failed:
-                    try:
-                        _fs.rename(aside, final)
-                    except OSError as undo:
-                        failed.add_note(
-                            f"atomic_ckpt: moving the old copy back to {final} also failed "
-                            f"({undo!r}); it is intact at {aside}, and clean_temporaries() "
-                            "puts it back"
-                        )
-                    raise
+                _fs.replace_by_moving_aside(
+                    source, final, aside, repair="clean_temporaries() puts it back"
+                )
                 old = aside
     except BaseException as exc:
         if old is None:  # not promoted: remove the staging directory, touch nothing else

@@ -111,16 +111,5 @@ def promote(root: Root, staging: Path, final: Path) -> Path | None:
     # a power loss could keep the move and lose the staging dir, and the old copy
     # would not be recognized as restorable.
     root.sync.root(root.path)
-    _fs.rename(final, aside)
-    try:
-        _fs.rename_noreplace(staging, final)
-    except BaseException as exc:
-        try:
-            _fs.rename(aside, final)
-        except OSError as undo:
-            exc.add_note(
-                f"atomic_ckpt: moving the old copy back to {final} also failed ({undo!r}); "
-                f"it is intact at {aside}, and clean() renames it back"
-            )
-        raise
+    _fs.replace_by_moving_aside(staging, final, aside, repair="clean() renames it back")
     return aside
