@@ -133,23 +133,18 @@ def _flush(
         # The largest file is hashed here, in the calling thread, once everything else is
         # queued: no thread to start or hand over to for it (a one-file commit starts one
         # thread, for its fsync; without fsyncs, none).
-        sums = {
-            rel: pool.submit(functools.partial(checksum_file, path, checksum, mapped=mapped))
-            for rel, path, _ in files[1:]
-            if checksum is not None
+        hashing, algorithm = (files, checksum) if checksum is not None else ([], "")
+        queued = {
+            rel: pool.submit(functools.partial(checksum_file, path, algorithm, mapped=mapped))
+            for rel, path, _ in hashing[1:]
         }
         flushes: list[Future[None]] = []
         if policy.durable:
             flushes += [pool.submit(functools.partial(policy.file, path)) for _, path, _ in files]
             flushes += [pool.submit(functools.partial(policy.subdir, path)) for _, path in dirs]
-        if files and checksum is not None:
-            rel, path, _ = files[0]
-            sums[rel] = Future()
-            sums[rel].set_result(checksum_file(path, checksum, mapped=mapped))
-        out = [
-            FileEntry(rel, "file", size=size, checksum=sums[rel].result() if sums else None)
-            for rel, _, size in files
-        ]
+        sums = {rel: checksum_file(path, algorithm, mapped=mapped) for rel, path, _ in hashing[:1]}
+        sums.update((rel, job.result()) for rel, job in queued.items())
+        out = [FileEntry(rel, "file", size=size, checksum=sums.get(rel)) for rel, _, size in files]
         out += [FileEntry(rel, "dir") for rel, _ in dirs]
         out += links
         out.sort(key=lambda e: e.path)

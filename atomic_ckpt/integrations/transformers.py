@@ -66,7 +66,7 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
         "pip install 'atomic_ckpt[transformers]'"
     ) from _exc
 
-from .. import CheckpointDir, CheckpointNotFoundError, parse_step
+from .. import CheckpointDir, CheckpointNotFoundError, _fs, parse_step
 from ..distributed import distributed_commit, resume
 
 __all__ = [
@@ -281,7 +281,7 @@ class AtomicCheckpointMixin(_Base):
             # makes the link (or finds it) before it writes anything.
             inner = staging / folder
             with contextlib.suppress(FileExistsError):
-                os.symlink(".", inner)
+                _fs.symlink(".", inner)
             if not inner.is_symlink():
                 raise FileExistsError(f"{inner} is not the link this save made")
             failed: BaseException | None = None

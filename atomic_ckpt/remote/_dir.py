@@ -27,6 +27,7 @@ from .. import (
     ManifestError,
     RetentionPolicy,
     VerificationError,
+    _fs,
     parse_step,
 )
 from . import _protocol
@@ -248,9 +249,9 @@ class RemoteCheckpointDir:
         staging.mkdir()
         try:
             self._download(ckpt, staging, durable=durable)
-            os.rename(staging, dest)
+            _fs.rename_noreplace(staging, dest)
             if durable:
-                _fsync_dir(dest.parent)
+                _fs.fsync_dir(dest.parent)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -275,7 +276,7 @@ class RemoteCheckpointDir:
             ) from None
         for e in m.files:  # last: nothing is ever written through a link
             if e.type == "symlink" and e.target is not None:
-                os.symlink(e.target, into / e.path)
+                _fs.symlink(e.target, into / e.path)
         (into / MARKER).write_bytes(m.to_bytes())
         checker = CheckpointDir(into.parent, checksum=m.checksum, durable=durable)
         found = checker.sync_tree(into, hash=m.checksum is not None)
@@ -597,11 +598,3 @@ def _compare(expected: list[FileEntry], found: list[FileEntry]) -> list[str]:
             problems.append(f"{path}: symlink points to {got.target!r}, not {e.target!r}")
     problems += [f"{p}: not in the manifest" for p in sorted(set(have) - set(want))]
     return problems
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
