@@ -264,7 +264,7 @@ def test_staging_copies_into_the_cache_like_torch_does_on_several_threads(
 
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-    import atomic_ckpt.dcp as atomic_dcp
+    from atomic_ckpt import _dcp_copy
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: the copy runs on one thread")
@@ -279,7 +279,7 @@ def test_staging_copies_into_the_cache_like_torch_does_on_several_threads(
     expected = _copy_state_dict(state, _create_cpu_state_dict(state))
 
     meet = threading.Barrier(2, timeout=10)
-    real = atomic_dcp._copy_state_dict
+    real = _dcp_copy._copy_state_dict
     threads: set[int] = set()
 
     def together(src: dict[str, Any], dst: dict[str, Any]) -> dict[str, Any]:
@@ -289,8 +289,8 @@ def test_staging_copies_into_the_cache_like_torch_does_on_several_threads(
                 meet.wait()  # raises BrokenBarrierError if the copies ran one after the other
         return real(src, dst)
 
-    monkeypatch.setattr(atomic_dcp, "_copy_state_dict", together)
-    staged = atomic_dcp._copy_staged(state, cache)
+    monkeypatch.setattr(_dcp_copy, "_copy_state_dict", together)  # where it is looked up
+    staged = _dcp_copy._copy_staged(state, cache)
 
     assert len(threads) >= 2
     assert type(staged["optim"]["state"]) is list
@@ -344,9 +344,9 @@ def test_a_durable_save_starts_each_files_writeback_while_it_is_written(
     """Every WRITEBACK_CHUNK bytes the writer asks the kernel to start writing what DCP has
     written so far (so the fsync after the file waits for the tail only): consecutive ranges
     from offset 0, each already in the file when asked; the checkpoint is unchanged."""
-    import atomic_ckpt.dcp as atomic_dcp
+    from atomic_ckpt import _dcp_files
 
-    monkeypatch.setattr(atomic_dcp, "WRITEBACK_CHUNK", 64 << 10)
+    monkeypatch.setattr(_dcp_files, "WRITEBACK_CHUNK", 64 << 10)  # where it is read
     calls = _record_writeback(monkeypatch)
     big = {
         f"t{i}": torch.randn(64, 1024, generator=torch.Generator().manual_seed(i)) for i in range(4)
@@ -368,15 +368,19 @@ def test_a_durable_save_starts_each_files_writeback_while_it_is_written(
 def test_a_non_durable_root_starts_no_writeback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """durable=False promises nothing on disk, so the writer does not push data there early."""
-    import atomic_ckpt.dcp as atomic_dcp
+    """durable=False promises nothing on disk, so the writer does not push data there early
+    (while the same save into a durable root does: the patched chunk size is the one read)."""
+    from atomic_ckpt import _dcp_files
 
-    monkeypatch.setattr(atomic_dcp, "WRITEBACK_CHUNK", 1)
+    monkeypatch.setattr(_dcp_files, "WRITEBACK_CHUNK", 1)  # where it is read
     calls = _record_writeback(monkeypatch)
     ckpts = CheckpointDir(tmp_path / "fast", durable=False)
     dcp.save(state(1), storage_writer=AtomicWriter(ckpts, 1), no_dist=True)
     assert calls == []
     assert loads(ckpts.verify(1).path, 1)
+    durable = CheckpointDir(tmp_path / "durable")
+    dcp.save(state(1), storage_writer=AtomicWriter(durable, 1), no_dist=True)
+    assert calls  # the control: a durable root's save does start writeback
 
 
 def test_start_writeback_is_a_hint_that_reports_whether_it_was_taken(tmp_path: Path) -> None:
