@@ -52,21 +52,18 @@ forever. Rank 0 promotes only after every rank reported success, so a rank
 lost before that means nothing was promoted; ``clean()`` removes a staging
 directory that a crashed rank 0 left behind.
 
-With its helper ``_ranks`` (the collectives), this is the only part of ``atomic_ckpt``
-that imports torch.distributed.
+With its helpers ``_ranks`` (the collectives) and ``_dist_flush`` (steps 4 and 5:
+which rank flushes which file), this is the only part of ``atomic_ckpt`` that
+imports torch.distributed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import operator
 import os
-import threading
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, SupportsIndex
 
@@ -77,11 +74,10 @@ from . import (
     CheckpointDir,
     CheckpointError,
     Commit,
-    CommitStateError,
     DistributedCommitError,
-    FileEntry,
     RetentionPolicy,
 )
+from ._dist_flush import Declared, flush_declared, marker_files, sweep_undeclared
 from ._ranks import (
     _all_entered,
     _coordination_group,
@@ -89,7 +85,6 @@ from ._ranks import (
     _failure_error,
     _failures,
     _Ranks,
-    checked_listing,
 )
 
 __all__ = [
@@ -142,6 +137,60 @@ def distributed_commit(
     _all_entered(group, "distributed_commit", entry_timeout, step)
     ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
     # 1. Rank 0 creates the staging dir (its lock first) and broadcasts its name.
+    commit, staging = _begin(ckpts, ranks, step, metadata=metadata, retain=retain)
+    declared_here = Declared.open(staging)
+    try:
+        # 2. Every rank writes its files (and declares them, with rank_path or declare).
+        mine: BaseException | None = None
+        try:
+            yield staging
+        except BaseException as exc:
+            mine = exc
+        finally:
+            Declared.close(staging)
+        # 3. Agree that every rank wrote (the barrier after the writes).
+        _agree_written(ranks, step, mine)
+        # 4. Every rank fsyncs and hashes what it declared: each file once, by its writer.
+        declared = flush_declared(ckpts, ranks, step, staging, declared_here.names)
+        # 5. The fallback sweep of what no rank declared; rank 0 fsyncs the directories.
+        listing, shares = sweep_undeclared(
+            ckpts, ranks, step, staging, declared, declared_all=declared_here.explicit
+        )
+    except BaseException as exc:
+        if commit is not None:
+            commit.abort(exc)
+        raise
+    # 6. Rank 0: the marker (listing every rank's files), promote, fsync the root,
+    #    then the retention policy.
+    outcome: BaseException | None = None
+    if commit is not None:
+        files = marker_files(listing, declared, shares)
+        try:
+            commit.publish(files=files)
+        except Exception as exc:
+            outcome = exc
+    # 7. Rank 0 tells every rank the outcome: the barrier after the promotion.
+    why = ranks.broadcast(
+        _describe(outcome), "waiting for rank 0 to promote the checkpoint", last=True
+    )
+    if outcome is not None:
+        raise outcome
+    if why is not None:
+        raise DistributedCommitError(
+            f"rank 0 failed to commit step {step}: {why}", step=step, ranks=(0,)
+        )
+
+
+def _begin(
+    ckpts: CheckpointDir,
+    ranks: _Ranks,
+    step: int,
+    *,
+    metadata: Mapping[str, Any] | None,
+    retain: RetentionPolicy | None,
+) -> tuple[Commit | None, Path]:
+    """Step 1: rank 0 takes its staging lock and creates the staging dir; every rank
+    receives its name. Returns rank 0's commit (None on the other ranks) and the dir."""
     commit: Commit | None = None
     problem: BaseException | None = None
     if ranks.rank == 0:
@@ -164,158 +213,23 @@ def distributed_commit(
         raise DistributedCommitError(
             f"rank 0 could not start the commit of step {step}: {why}", step=step, ranks=(0,)
         )
-    staging = ckpts.root / name
-    declared_here = _Declared.open(staging)
-    try:
-        # 2. Every rank writes its files (and declares them, with rank_path or declare).
-        mine: BaseException | None = None
-        try:
-            yield staging
-        except BaseException as exc:
-            mine = exc
-        finally:
-            _Declared.close(staging)
-        # 3. Agree that every rank wrote (the barrier after the writes).
-        failed = _failures(ranks.all_gather(_describe(mine), "agreeing that every rank wrote"))
-        if mine is not None:
-            others = [(r, w) for r, w in failed if r != ranks.rank]
-            if others:
-                mine.add_note(
-                    "atomic_ckpt: other ranks failed too: "
-                    + "; ".join(f"rank {r}: {w}" for r, w in others)
-                )
-            raise mine
-        if failed:
-            raise _failure_error(step, failed, "while writing")
-        # 4. Every rank fsyncs and hashes what it declared: each file once, by its writer.
-        synced: list[FileEntry] | None = None
-        try:
-            synced = ckpts.sync_files(staging, _expand(ckpts, staging, declared_here.names))
-        except Exception as exc:
-            mine = exc
-        gathered = ranks.all_gather(
-            (_describe(mine), synced or []), "agreeing that every rank flushed its files"
-        )
-        if mine is not None:
-            raise mine
-        failed = _failures([g[0] for g in gathered])
-        if failed:
-            raise _failure_error(step, failed, "while flushing")
-        declared: dict[str, FileEntry] = {}
-        for _, entries in gathered:
-            for e in entries:
-                declared.setdefault(e.path, e)
-        # 5. The fallback sweep of what no rank declared; rank 0 fsyncs the directories.
-        swept: tuple[str, list[FileEntry], dict[str, str]] | None = None
-        try:
-            swept = _sweep(
-                ckpts,
-                staging,
-                declared,
-                rank=ranks.rank,
-                size=ranks.size,
-                declared_all=declared_here.explicit,
+    return commit, ckpts.root / name
+
+
+def _agree_written(ranks: _Ranks, step: int, mine: BaseException | None) -> None:
+    """Step 3: the ranks exchange the outcomes of their writes. A rank that raised
+    raises its own error (noting the others'); the rest raise one naming those ranks."""
+    failed = _failures(ranks.all_gather(_describe(mine), "agreeing that every rank wrote"))
+    if mine is not None:
+        others = [(r, w) for r, w in failed if r != ranks.rank]
+        if others:
+            mine.add_note(
+                "atomic_ckpt: other ranks failed too: "
+                + "; ".join(f"rank {r}: {w}" for r, w in others)
             )
-        except Exception as exc:
-            mine = exc
-        gathered_sweep = ranks.all_gather(
-            (_describe(mine), swept[0] if swept else None, swept[2] if swept else {}),
-            "agreeing that every rank flushed the undeclared files",
-        )
-        if mine is not None:
-            raise mine
-        failed = _failures([g[0] for g in gathered_sweep])
-        if failed:
-            raise _failure_error(step, failed, "while flushing")
-        digests = [g[1] for g in gathered_sweep]
-        differ = [r for r, d in enumerate(digests) if d != digests[0]]
-        if differ:
-            raise DistributedCommitError(
-                f"the commit of step {step} failed: rank(s) {differ} see different files in "
-                f"{staging} than rank 0 after the barrier. The filesystem must show every "
-                "rank the same directory listing once all have written (on NFS, mount "
-                "with lookupcache=positive or actimeo=0). Nothing was promoted",
-                step=step,
-                ranks=tuple(differ),
-            )
-    except BaseException as exc:
-        if commit is not None:
-            commit.abort(exc)
-        raise
-    # 6. Rank 0: the marker (listing every rank's files), promote, fsync the root,
-    #    then the retention policy.
-    outcome: BaseException | None = None
-    if commit is not None and swept is not None:
-        sums: dict[str, str] = {}
-        for _, _, share in gathered_sweep:
-            sums.update(share)
-        files = [declared.get(e.path) or _with_checksum(e, sums) for e in swept[1]]
-        try:
-            commit.publish(files=files)
-        except Exception as exc:
-            outcome = exc
-    # 7. Rank 0 tells every rank the outcome: the barrier after the promotion.
-    why = ranks.broadcast(
-        _describe(outcome), "waiting for rank 0 to promote the checkpoint", last=True
-    )
-    if outcome is not None:
-        raise outcome
-    if why is not None:
-        raise DistributedCommitError(
-            f"rank 0 failed to commit step {step}: {why}", step=step, ranks=(0,)
-        )
-
-
-def _expand(ckpts: CheckpointDir, staging: Path, declared: set[str]) -> list[str]:
-    """The declared paths that exist, a declared directory with everything below it."""
-    out: list[str] = []
-    for rel in sorted(declared):
-        path = staging / rel
-        if not os.path.lexists(path):
-            continue  # named with rank_path but never written: nothing to flush
-        out.append(rel)
-        if path.is_dir() and not path.is_symlink():
-            out += [f"{rel}/{e.path}" for e in ckpts.list_tree(path)]
-    return out
-
-
-def _sweep(
-    ckpts: CheckpointDir,
-    staging: Path,
-    declared: dict[str, FileEntry],
-    *,
-    rank: int,
-    size: int,
-    declared_all: bool,
-) -> tuple[str, list[FileEntry], dict[str, str]]:
-    """Step 5 on one rank: list the tree, check the declared files against it, fsync the
-    undeclared files (rank 0, and a rank that did not call declare()) and, on rank 0, the
-    undeclared directories; hash this rank's share of the undeclared files.
-
-    Returns a digest of the listing (to compare across ranks), the listing, and the
-    checksums of this rank's share.
-    """
-    listing = checked_listing(ckpts, staging, declared, viewer=f"rank {rank}")
-    undeclared = [e.path for e in listing if e.type == "file" and e.path not in declared]
-    flush = list(undeclared) if rank == 0 or not declared_all else []
-    if rank == 0:
-        flush += [e.path for e in listing if e.type == "dir" and e.path not in declared]
-    if flush:
-        ckpts.sync_files(staging, flush, hash=False)
-    share = undeclared[rank::size]
-    sums: dict[str, str] = {}
-    if ckpts.checksum is not None and share:
-        with ThreadPoolExecutor(max_workers=min(8, len(share))) as pool:
-            hashes = pool.map(lambda rel: ckpts.checksum_file(staging / rel) or "", share)
-            sums = dict(zip(share, hashes, strict=True))
-    body = json.dumps([e.to_json() for e in listing]).encode()
-    return hashlib.sha256(body).hexdigest(), listing, sums
-
-
-def _with_checksum(entry: FileEntry, sums: dict[str, str]) -> FileEntry:
-    if entry.type != "file" or entry.path not in sums:
-        return entry
-    return FileEntry(entry.path, "file", size=entry.size, checksum=sums[entry.path])
+        raise mine
+    if failed:
+        raise _failure_error(step, failed, "while writing")
 
 
 def resume(
@@ -379,7 +293,7 @@ def rank_path(
     p = Path(path)
     named = p.with_name(f"{p.stem}.rank{rank}{p.suffix}")
     if mine:
-        _Declared.add(named, strict=False)
+        Declared.add(named, strict=False)
     return named
 
 
@@ -395,49 +309,7 @@ def declare(*paths: str | os.PathLike[str]) -> None:
     :class:`~atomic_ckpt.CommitStateError`.
     """
     for path in paths:
-        _Declared.add(Path(path), strict=True)
-
-
-class _Declared:
-    """The paths each open staging directory's rank declared (this process's commits).
-
-    ``explicit``: :func:`declare` was called, so the rank vouches for having declared
-    everything it wrote; names from :func:`rank_path` alone do not (existing code may
-    write other files beside them, which the rank must still flush itself).
-    """
-
-    _lock = threading.Lock()
-    _open: dict[Path, _Declared] = {}  # noqa: RUF012 (one registry per process)
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-        self.explicit = False
-
-    @classmethod
-    def open(cls, staging: Path) -> _Declared:
-        with cls._lock:
-            return cls._open.setdefault(staging, cls())
-
-    @classmethod
-    def close(cls, staging: Path) -> None:
-        with cls._lock:
-            cls._open.pop(staging, None)
-
-    @classmethod
-    def add(cls, path: Path, *, strict: bool) -> None:
-        full = Path(os.path.abspath(path))
-        with cls._lock:
-            for staging, declared in cls._open.items():
-                if full.is_relative_to(staging) and full != staging:
-                    declared.names.add(full.relative_to(staging).as_posix())
-                    declared.explicit |= strict
-                    return
-        if strict:
-            raise CommitStateError(
-                f"declare({str(path)!r}): the path is not inside the staging directory of "
-                "an open distributed_commit in this process; declare the files written "
-                "inside the `with distributed_commit(...) as path:` block, below path"
-            )
+        Declared.add(Path(path), strict=True)
 
 
 def load_dcp(
