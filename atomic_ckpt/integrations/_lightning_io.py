@@ -1,0 +1,206 @@
+"""The ``CheckpointIO`` plugin of :mod:`atomic_ckpt.integrations.lightning`: atomic, durable
+``.ckpt`` saves, durable deletes, atomic ``last`` links, and the ordered background thread of
+``async_save=True``; also :func:`_local`, the local-path check the sharded strategies share.
+
+Imported by the public module after its check that torch and Lightning are installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from atomic_ckpt import atomic_write, remove_directory, replace_symlink
+
+if TYPE_CHECKING:
+    # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO as _CheckpointIOBase
+else:
+    _CheckpointIOBase = object
+
+log = logging.getLogger("atomic_ckpt.integrations.lightning")  # the public module's, as before
+
+
+def _default_map_location(storage: Any, location: Any) -> Any:
+    return storage
+
+
+class _AtomicCheckpointIO(_CheckpointIOBase):
+    """A ``CheckpointIO`` that saves each ``.ckpt`` atomically and durably.
+
+    ``async_save=True`` writes in a background thread, in order (see the docstring of
+    :mod:`atomic_ckpt.integrations.lightning`). ``durable=False`` skips the fsyncs: still
+    atomic against a crash of the process, not against a power loss.
+    """
+
+    def __init__(self, *, async_save: bool = False, durable: bool = True) -> None:
+        super().__init__()
+        self.async_save = async_save
+        self.durable = durable
+        self._executor: ThreadPoolExecutor | None = None
+        self._queued: list[Future[None]] = []
+        self._error: BaseException | None = None
+        self._skipped: list[str] = []
+        self._state = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(async_save={self.async_save}, durable={self.durable})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A spawned trainer pickles its plugins: nothing may be in flight then.
+        self.wait()
+        state = self.__dict__.copy()
+        state.update(_executor=None, _queued=[], _state=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._state = threading.Lock()
+
+    # ------------------------------------------------------------ CheckpointIO
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        """Write ``checkpoint`` to ``path`` atomically and durably (queued if async)."""
+        if storage_options is not None:
+            raise TypeError(
+                f"{type(self).__name__}.save_checkpoint takes no storage_options "
+                f"(got {storage_options!r})"
+            )
+        target = _local(path)
+        if self.async_save:
+            # Copy the tensors now, on the caller's thread: training goes on changing them.
+            checkpoint = apply_to_collection(checkpoint, torch.Tensor, _snapshot)
+        self._run(self._save_now, checkpoint, target, what=f"save {target}")
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Delete ``path`` (a file, or a sharded checkpoint's directory) durably, after every
+        save queued before it (missing is fine)."""
+        target = _local(path)
+        self._run(self._remove_now, target, what=f"remove {target}")
+
+    def load_checkpoint(
+        self,
+        path: Any,
+        map_location: Any | None = _default_map_location,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Load ``path`` (after every queued save), with ``weights_only=True`` by default."""
+        self.wait()
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        loaded: dict[str, Any] = torch.load(
+            path,
+            map_location=map_location,
+            weights_only=True if weights_only is None else weights_only,
+        )
+        return loaded
+
+    def teardown(self) -> None:
+        """Wait for every queued operation, stop the background thread, raise its error."""
+        try:
+            self.wait()
+        finally:
+            executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------ beyond CheckpointIO
+
+    def link(self, filepath: Any, linkpath: Any) -> None:
+        """Point the symlink ``linkpath`` at ``filepath`` atomically, after every queued save.
+
+        The link is relative (it survives moving the directory). The target must exist
+        when the link is made: a link never dangles.
+        """
+        target, link = _local(filepath), _local(linkpath)
+        self._run(self._link_now, target, link, what=f"link {link} -> {target}")
+
+    def wait(self) -> None:
+        """Block until every queued operation is done (durable); raise a background error."""
+        for future in list(self._queued):
+            future.result()
+        self._queued = [f for f in self._queued if not f.done()]
+        self._raise_pending()
+
+    # ------------------------------------------------------------ internals
+
+    def _save_now(self, checkpoint: dict[str, Any], path: str) -> None:
+        with atomic_write(path, durable=self.durable, parents=True) as tmp:
+            torch.save(checkpoint, tmp)
+
+    def _remove_now(self, path: str) -> None:
+        # A sharded checkpoint is a directory: it disappears at once, then is removed.
+        remove_directory(path, durable=self.durable)
+
+    def _link_now(self, filepath: str, linkpath: str) -> None:
+        if not os.path.exists(filepath):
+            raise FileNotFoundError(
+                f"cannot link {linkpath} to {filepath}: it does not exist (a link never dangles)"
+            )
+        relative = os.path.relpath(filepath, os.path.dirname(os.path.abspath(linkpath)))
+        replace_symlink(relative, linkpath, durable=self.durable)
+
+    def _run(self, job: Callable[..., None], *args: Any, what: str) -> None:
+        self._raise_pending()
+        if not self.async_save:
+            job(*args)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="atomic_ckpt-lightning")
+        self._queued = [f for f in self._queued if not f.done()]
+        self._queued.append(self._executor.submit(self._background, job, args, what))
+
+    def _background(self, job: Callable[..., None], args: tuple[Any, ...], what: str) -> None:
+        with self._state:
+            if self._error is not None:
+                # Something queued before this failed: run nothing that may depend on it
+                # (a delete of the file a failed save was to replace, say).
+                self._skipped.append(what)
+                return
+        try:
+            job(*args)
+        except BaseException as exc:
+            with self._state:
+                self._error = exc
+
+    def _raise_pending(self) -> None:
+        with self._state:
+            failed = self._error is not None
+        if not failed:
+            return
+        # Let what is still queued see the failure (and skip) before reporting it.
+        for future in list(self._queued):
+            future.result()
+        self._queued = []
+        with self._state:
+            error, self._error = self._error, None
+            skipped, self._skipped = self._skipped, []
+        assert error is not None
+        if skipped:
+            error.add_note("atomic_ckpt: not done because of this error: " + "; ".join(skipped))
+            log.warning("background checkpoint error; skipped: %s", "; ".join(skipped))
+        raise error
+
+
+def _local(path: Any) -> str:
+    """``path`` as a local path; a URL (``s3://...``) is refused: the commit is a local rename."""
+    text: str = os.fspath(path)
+    if "://" in text:
+        raise ValueError(
+            f"AtomicCheckpointIO writes local files only, not {text!r}: use Lightning's "
+            "TorchCheckpointIO for object storage"
+        )
+    return text
+
+
+def _snapshot(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
