@@ -25,7 +25,9 @@ except ImportError as exc:  # pragma: no cover (the extra is installed in CI)
         "atomic_ckpt.remote needs fsspec and s3fs: pip install 'atomic_ckpt[s3]'"
     ) from exc
 
-from ._dir import DEFAULT_GRACE, RemoteCheckpointDir, RemoteCommit, RemoteEntry
+from ._commit import RemoteCommit
+from ._dir import DEFAULT_GRACE, RemoteCheckpointDir
+from ._entries import RemoteEntry
 from ._mirror import AsyncRemoteCommitter, Mirror
 from ._protocol import ATTEMPT_KEY, RemoteCheckpoint
 from ._store import UnsupportedStoreError

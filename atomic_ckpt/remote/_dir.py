@@ -1,38 +1,40 @@
-"""``RemoteCheckpointDir``: the facade over one object-store root, mirroring ``CheckpointDir``."""
+"""``RemoteCheckpointDir``: the facade over one object-store root, mirroring ``CheckpointDir``.
+
+It holds the root's settings and says what each call does; the work is done by
+:mod:`._protocol` (reading checkpoints, the commit protocol), :mod:`._commit`
+(``RemoteCommit``, a commit in progress), :mod:`._fetch` (downloading and checking),
+:mod:`._entries` (every step folder's status) and :mod:`._clean` (deleting, cleanup).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, SupportsIndex
 
 from .. import (
-    MARKER,
     Checkpoint,
     CheckpointDir,
     CheckpointNotFoundError,
-    CommitStateError,
-    FileEntry,
     InvalidStepError,
     Manifest,
     ManifestError,
     RetentionPolicy,
     VerificationError,
-    _fs,
-    parse_step,
 )
-from . import _protocol
-from ._protocol import ATTEMPT_KEY, ATTEMPT_RE, PROBE_DIR, RemoteCheckpoint
-from ._store import MULTIPART_THRESHOLD, PART_SIZE, S3Store, Store, open_store
+from . import _clean, _entries, _fetch, _protocol
+from ._commit import RemoteCommit
+from ._entries import RemoteEntry
+from ._open import open_store
+from ._protocol import ATTEMPT_KEY, RemoteCheckpoint
+from ._s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Store
+from ._store import Store
 
 log = logging.getLogger(__name__)
 
@@ -40,27 +42,6 @@ PathLike = str | os.PathLike[str]
 
 DEFAULT_GRACE = 3600.0
 """Seconds an unreferenced attempt must be left alone before ``clean()`` removes it."""
-
-Status = Literal["complete", "incomplete", "uncommitted"]
-
-
-@dataclass(frozen=True)
-class RemoteEntry:
-    """One step folder of a remote root as ``atomic-ckpt ls`` shows it.
-
-    ``status``: ``complete`` (a manifest whose objects are all there),
-    ``incomplete`` (a manifest that is invalid or lists missing objects: see
-    ``problem``) or ``uncommitted`` (attempts but no manifest: an upload in
-    progress, or what a crashed or losing one left; ``clean()`` removes those).
-    """
-
-    name: str
-    url: str
-    step: int
-    status: Status
-    manifest: Manifest | None = None
-    problem: str | None = None
-    attempts: int = 0
 
 
 def _check_step(raw: SupportsIndex) -> int:
@@ -202,33 +183,7 @@ class RemoteCheckpointDir:
 
     def entries(self) -> list[RemoteEntry]:
         """Every step folder, complete or not, sorted by step (what ``ls`` shows)."""
-        out = []
-        for step, name in _protocol.step_names(self._store, self._prefix):
-            attempts = sum(1 for n in self._store.children(name + "/") if ATTEMPT_RE.fullmatch(n))
-            url = self._store.url_of(name)
-            got = self._store.get(_protocol.manifest_key(name))
-            if got is None:
-                out.append(RemoteEntry(name, url, step, "uncommitted", attempts=attempts))
-                continue
-            try:
-                manifest, attempt = _protocol.parse(url, step, got[0])
-                problems = _protocol.missing(
-                    manifest,
-                    self._store.find(_protocol.data_prefix(name, attempt)),
-                    _protocol.data_prefix(name, attempt),
-                )
-            except ManifestError as exc:
-                out.append(RemoteEntry(name, url, step, "incomplete", problem=str(exc)))
-                continue
-            if problems:
-                out.append(
-                    RemoteEntry(
-                        name, url, step, "incomplete", manifest, problems[0], attempts=attempts
-                    )
-                )
-            else:
-                out.append(RemoteEntry(name, url, step, "complete", manifest, attempts=attempts))
-        return out
+        return _entries.entries(self._store, self._prefix)
 
     def fetch(self, step: SupportsIndex, dest: PathLike, *, durable: bool = True) -> Checkpoint:
         """Download ``step``'s checkpoint into the new local directory ``dest``.
@@ -241,53 +196,7 @@ class RemoteCheckpointDir:
         result verifies like a local checkpoint (``CheckpointDir.verify``).
         """
         ckpt = self.get(step)
-        dest = Path(os.path.abspath(dest))
-        if os.path.lexists(dest):
-            raise FileExistsError(f"{dest} exists: fetch into a new directory")
-        staging = dest.parent / f"{dest.name}.tmp-{uuid.uuid4().hex}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
-        try:
-            self._download(ckpt, staging, durable=durable)
-            _fs.rename_noreplace(staging, dest)
-            if durable:
-                _fs.fsync_dir(dest.parent)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return Checkpoint(ckpt.step, dest, ckpt.manifest)
-
-    def _download(self, ckpt: RemoteCheckpoint, into: Path, *, durable: bool) -> None:
-        m = ckpt.manifest
-        prefix = _protocol.data_prefix(self._name(ckpt.step), ckpt.attempt)
-        files = [e for e in m.files if e.type == "file"]
-        for e in m.files:
-            if e.type == "dir":
-                (into / e.path).mkdir(parents=True, exist_ok=True)
-        for e in files:
-            (into / e.path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._store.download([(prefix + e.path, into / e.path) for e in files])
-        except FileNotFoundError as exc:
-            raise CheckpointNotFoundError(
-                f"{ckpt.url}: an object of the checkpoint vanished while it was downloaded "
-                f"(the step was replaced or deleted meanwhile: fetch again): {exc}",
-                step=ckpt.step,
-            ) from None
-        for e in m.files:  # last: nothing is ever written through a link
-            if e.type == "symlink" and e.target is not None:
-                _fs.symlink(e.target, into / e.path)
-        (into / MARKER).write_bytes(m.to_bytes())
-        checker = CheckpointDir(into.parent, checksum=m.checksum, durable=durable)
-        found = checker.sync_tree(into, hash=m.checksum is not None)
-        problems = _compare(list(m.files), found)
-        if problems:
-            raise VerificationError(
-                f"{ckpt.url}: the downloaded files do not match the manifest: {problems[0]}"
-                + (f" (and {len(problems) - 1} more: see .problems)" if problems[1:] else ""),
-                step=ckpt.step,
-                problems=tuple(problems),
-            )
+        return _fetch.fetch(self._store, ckpt, self._name(ckpt.step), dest, durable=durable)
 
     def verify(self, step: SupportsIndex) -> RemoteCheckpoint:
         """Download ``step``'s files (to a temporary directory, then removed) and check
@@ -297,11 +206,7 @@ class RemoteCheckpointDir:
         CheckpointNotFoundError if the step is not complete.
         """
         ckpt = self.get(step)
-        self.staging_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="atomic_ckpt-verify-", dir=self.staging_dir) as tmp:
-            into = Path(tmp) / str(ckpt.step)
-            into.mkdir()
-            self._download(ckpt, into, durable=False)
+        _fetch.verify(self._store, ckpt, self._name(ckpt.step), self.staging_dir)
         return ckpt
 
     # ------------------------------------------------------------------ writing
@@ -376,22 +281,13 @@ class RemoteCheckpointDir:
         finally:
             handle.abort()
 
+    # ------------------------------------------------------------------ removing
+
     def delete(self, step: SupportsIndex) -> str:
         """Delete ``step``'s checkpoint: the manifest first (the step disappears at once),
         then its attempt's objects. Returns its URL."""
         step = _check_step(step)
-        name = self._name(step)
-        got = self._store.get(_protocol.manifest_key(name))
-        if got is None:
-            raise CheckpointNotFoundError(f"no checkpoint for step {step} in {self.url}", step=step)
-        try:
-            _, attempt = _protocol.parse(self._store.url_of(name), step, got[0])
-        except ManifestError:
-            attempt = None
-        self._store.delete([_protocol.manifest_key(name)])
-        if attempt is not None:
-            _protocol.discard(self._store, _protocol.data_prefix(name, attempt))
-        return self._store.url_of(name)
+        return _clean.delete(self._store, self._name(step), step)
 
     def prune(self, *, keep_last: int) -> list[str]:
         """Delete all but the ``keep_last`` newest complete checkpoints; return their URLs."""
@@ -440,161 +336,4 @@ class RemoteCheckpointDir:
         touched; a committed checkpoint's objects are referenced, so never either.
         """
         grace = self._grace if grace is None else float(grace)
-        store = self._store
-        cutoff = time.time() - grace
-        # Listed before the manifests are read: an attempt committed in between is
-        # then seen as referenced.
-        objects = store.find("")
-        live = store.live_uploads("")
-        referenced: set[str] = set()
-        for step, name in _protocol.step_names(store, self._prefix):
-            got = store.get(_protocol.manifest_key(name))
-            if got is None:
-                continue
-            try:
-                referenced.add(_protocol.data_prefix(name, _protocol.parse(name, step, got[0])[1]))
-            except ManifestError:
-                continue
-        groups: dict[str, list[str]] = {}
-        newest: dict[str, float] = {}
-        for key, info in list(objects.items()) + [(k, _Live(t)) for k, t in live.items()]:
-            group = self._group(key)
-            if group is None or group in referenced:
-                continue
-            if not isinstance(info, _Live):
-                groups.setdefault(group, []).append(key)
-            newest[group] = max(newest.get(group, 0.0), info.mtime)
-        removed = []
-        for group in sorted(newest):
-            if newest[group] >= cutoff:
-                continue
-            removed.append(store.url_of(group))
-            if not dry_run:
-                store.delete(groups.get(group, []))
-        stale = [
-            (k, u) for k, u in store.stale_uploads("", cutoff) if self._group(k) not in referenced
-        ]
-        if stale and not dry_run:
-            store.abort_uploads(stale)
-        return removed
-
-    def _group(self, key: str) -> str | None:
-        """The attempt folder (``7/<attempt>/``) or probe object ``key`` belongs to."""
-        head, _, rest = key.partition("/")
-        if head == PROBE_DIR:
-            return key
-        step = parse_step(head, self._prefix)
-        attempt = rest.partition("/")[0]
-        if step is None or ATTEMPT_RE.fullmatch(attempt) is None or "/" not in rest:
-            return None
-        return f"{head}/{attempt}/"
-
-
-@dataclass(frozen=True)
-class _Live:
-    mtime: float
-
-
-class RemoteCommit:
-    """One commit in progress: ``path`` is its local staging directory.
-
-    ``publish()`` uploads and commits; ``abort()`` gives up. As a context manager,
-    a normal exit publishes and an exception aborts.
-    """
-
-    def __init__(
-        self,
-        rdir: RemoteCheckpointDir,
-        step: int,
-        metadata: dict[str, Any],
-        base: str | None,
-        retain: RetentionPolicy | None = None,
-        *,
-        old_attempt: str | None = None,
-    ) -> None:
-        self._retain = retain
-        self._old_attempt = old_attempt
-        self._rdir = rdir
-        self.step = step
-        self.attempt = uuid.uuid4().hex
-        self._metadata = metadata
-        self._base = base
-        parent = rdir.staging_dir
-        parent.mkdir(parents=True, exist_ok=True)
-        self.path = parent / f"atomic_ckpt-{step}.tmp-{self.attempt}"
-        self.path.mkdir()
-        self._done = False
-
-    def __repr__(self) -> str:
-        return f"RemoteCommit({self._rdir.url_of(self.step)!r}, path={str(self.path)!r})"
-
-    def publish(self) -> RemoteCheckpoint:
-        """Upload the staging directory's files and commit them; remove the staging dir."""
-        try:
-            done = self._publish_from(self.path)
-        finally:
-            self.abort()
-        if self._retain is not None:
-            self._rdir.retain(self._retain)
-        return done
-
-    def _publish_from(self, directory: Path) -> RemoteCheckpoint:
-        if self._done:
-            raise CommitStateError("this commit was already published or aborted")
-        self._done = True
-        rdir = self._rdir
-        entries: list[FileEntry] = rdir._local.sync_tree(directory)
-        done = _protocol.publish(
-            rdir._store,
-            name=rdir._name(self.step),
-            step=self.step,
-            staging=directory,
-            entries=entries,
-            attempt=self.attempt,
-            base_etag=self._base,
-            checksum=rdir._checksum,
-            metadata=self._metadata,
-        )
-        if self._old_attempt is not None:  # replaced: the old attempt is garbage now
-            name = rdir._name(self.step)
-            _protocol.discard(rdir._store, _protocol.data_prefix(name, self._old_attempt))
-        return done
-
-    def abort(self) -> None:
-        """Give up (nothing was uploaded yet) or clean up after publishing."""
-        self._done = True
-        shutil.rmtree(self.path, ignore_errors=True)
-
-    def __enter__(self) -> RemoteCommit:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.publish()
-        else:
-            self.abort()
-
-
-def _compare(expected: list[FileEntry], found: list[FileEntry]) -> list[str]:
-    want = {e.path: e for e in expected}
-    have = {e.path: e for e in found}
-    problems = []
-    for path, e in sorted(want.items()):
-        got = have.get(path)
-        if got is None:
-            problems.append(f"{path}: missing")
-        elif got.type != e.type:
-            problems.append(f"{path}: is a {got.type}, manifest says {e.type}")
-        elif got.size != e.size:
-            problems.append(f"{path}: size is {got.size}, manifest says {e.size}")
-        elif e.checksum is not None and got.checksum != e.checksum:
-            problems.append(f"{path}: checksum is {got.checksum}, manifest says {e.checksum}")
-        elif got.target != e.target:
-            problems.append(f"{path}: symlink points to {got.target!r}, not {e.target!r}")
-    problems += [f"{p}: not in the manifest" for p in sorted(set(have) - set(want))]
-    return problems
+        return _clean.clean(self._store, self._prefix, time.time() - grace, dry_run=dry_run)

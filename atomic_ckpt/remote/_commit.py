@@ -1,0 +1,102 @@
+"""``RemoteCommit``: one commit in progress, a local staging directory that ``publish()``
+uploads and commits through :func:`._protocol.publish`, or ``abort()`` removes."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .. import CommitStateError, FileEntry, RetentionPolicy
+from . import _protocol
+from ._protocol import RemoteCheckpoint
+
+if TYPE_CHECKING:  # the facade makes commits; a commit only calls back into it
+    from ._dir import RemoteCheckpointDir
+
+
+class RemoteCommit:
+    """One commit in progress: ``path`` is its local staging directory.
+
+    ``publish()`` uploads and commits; ``abort()`` gives up. As a context manager,
+    a normal exit publishes and an exception aborts.
+    """
+
+    def __init__(
+        self,
+        rdir: RemoteCheckpointDir,
+        step: int,
+        metadata: dict[str, Any],
+        base: str | None,
+        retain: RetentionPolicy | None = None,
+        *,
+        old_attempt: str | None = None,
+    ) -> None:
+        self._retain = retain
+        self._old_attempt = old_attempt
+        self._rdir = rdir
+        self.step = step
+        self.attempt = uuid.uuid4().hex
+        self._metadata = metadata
+        self._base = base
+        parent = rdir.staging_dir
+        parent.mkdir(parents=True, exist_ok=True)
+        self.path = parent / f"atomic_ckpt-{step}.tmp-{self.attempt}"
+        self.path.mkdir()
+        self._done = False
+
+    def __repr__(self) -> str:
+        return f"RemoteCommit({self._rdir.url_of(self.step)!r}, path={str(self.path)!r})"
+
+    def publish(self) -> RemoteCheckpoint:
+        """Upload the staging directory's files and commit them; remove the staging dir."""
+        try:
+            done = self._publish_from(self.path)
+        finally:
+            self.abort()
+        if self._retain is not None:
+            self._rdir.retain(self._retain)
+        return done
+
+    def _publish_from(self, directory: Path) -> RemoteCheckpoint:
+        if self._done:
+            raise CommitStateError("this commit was already published or aborted")
+        self._done = True
+        rdir = self._rdir
+        entries: list[FileEntry] = rdir._local.sync_tree(directory)
+        done = _protocol.publish(
+            rdir._store,
+            name=rdir._name(self.step),
+            step=self.step,
+            staging=directory,
+            entries=entries,
+            attempt=self.attempt,
+            base_etag=self._base,
+            checksum=rdir._checksum,
+            metadata=self._metadata,
+        )
+        if self._old_attempt is not None:  # replaced: the old attempt is garbage now
+            name = rdir._name(self.step)
+            _protocol.discard(rdir._store, _protocol.data_prefix(name, self._old_attempt))
+        return done
+
+    def abort(self) -> None:
+        """Give up (nothing was uploaded yet) or clean up after publishing."""
+        self._done = True
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> RemoteCommit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.publish()
+        else:
+            self.abort()
