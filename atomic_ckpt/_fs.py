@@ -137,6 +137,25 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     return _sync_file_range(fd, offset, length) == 0
 
 
+def start_file_writeback(path: str | os.PathLike[str]) -> bool:
+    """:func:`start_writeback` for the whole of the regular file ``path`` (by path,
+    never following a symlink). A hint: False, never an error, when it could not be
+    taken (the fsync that must follow reports any problem)."""
+    if _sync_file_range is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and start_writeback(fd, 0, st.st_size)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def fsync_fd(fd: int) -> None:
     """Flush one open file's data and metadata to stable storage."""
     if _FULLFSYNC is not None:

@@ -17,7 +17,7 @@ import pytest
 from treeutil import contents, write
 
 import atomic_ckpt
-from atomic_ckpt import MARKER, CheckpointDir, __version__, _fs, _tree
+from atomic_ckpt import MARKER, CheckpointDir, SyncPolicy, __version__, _fs, _tree
 from atomic_ckpt._names import ROOT_LOCK
 
 STAGING_RE = re.compile(r"\.tmp-(?P<step>[0-9]+)\.[0-9a-f]{32}")
@@ -298,16 +298,18 @@ def test_commit_never_follows_a_symlink(ckpts: CheckpointDir, tmp_path: Path) ->
     assert entries["filelink"].type == "symlink"
 
 
-def test_the_largest_file_is_hashed_by_the_committing_thread(
+def test_the_largest_file_is_hashed_and_flushed_by_the_committing_thread(
     ckpts: CheckpointDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No thread is started or handed work for the largest file's checksum: the committing
-    thread computes it while the workers flush (a one-file commit without fsyncs starts no
-    thread at all); the other files are hashed on the workers."""
+    """No thread is started or handed work for the largest file: the committing thread
+    starts its writeback (from 1 MiB on), hashes it and fsyncs it, so a one-file commit
+    starts no thread at all; the other files are hashed and fsynced on the workers."""
     import threading
 
     real_checksum = _tree.checksum_file
     hashed_by: dict[str, int] = {}
+    flushed_by: dict[str, int] = {}
+    started: list[str] = []
     submitted: list[object] = []
     real_submit = _tree.Workers.submit
 
@@ -319,22 +321,61 @@ def test_the_largest_file_is_hashed_by_the_committing_thread(
         submitted.append(job)
         return real_submit(self, job)
 
+    class Watching(SyncPolicy):
+        def start_file(self, path: Path) -> None:
+            assert Path(path).name not in flushed_by  # the hint comes before the fsync
+            started.append(Path(path).name)
+            super().start_file(path)
+
+        def file(self, path: Path) -> None:
+            flushed_by[Path(path).name] = threading.get_ident()
+            super().file(path)
+
     monkeypatch.setattr(_tree, "checksum_file", checksum_file)
     monkeypatch.setattr(_tree.Workers, "submit", submit)
-    with ckpts.commit(1) as path:
-        write(path, {"big.bin": b"b" * 5000, "small.bin": b"s", "other.bin": b"o" * 10})
-    assert hashed_by["big.bin"] == threading.get_ident()
-    assert {hashed_by["small.bin"], hashed_by["other.bin"]} != {threading.get_ident()}
-    ckpts.verify(1)
+    watched = CheckpointDir(tmp_path / "watched", sync=Watching())
+    big = _tree.WRITEBACK_AT_LEAST
+    with watched.commit(1) as path:
+        write(path, {"big.bin": b"b" * big, "small.bin": b"s", "other.bin": b"o" * 10})
+    me = threading.get_ident()
+    assert hashed_by["big.bin"] == flushed_by["big.bin"] == me
+    assert started == ["big.bin"]
+    for name in ("small.bin", "other.bin"):
+        assert hashed_by[name] != me
+        assert flushed_by[name] != me
+    watched.verify(1)
+
+    # One file: no job for any thread; below the threshold, no writeback hint.
+    submitted.clear()
+    started.clear()
+    with watched.commit(2) as path:
+        write(path, {"only.bin": b"x" * (big - 1)})
+    assert submitted == []
+    assert started == []
+    assert flushed_by["only.bin"] == me
+    watched.verify(2)
 
     submitted.clear()
     fast = CheckpointDir(tmp_path / "fast", durable=False)
     with fast.commit(1) as path:
-        write(path, {"only.bin": b"x" * 100})
+        write(path, {"only.bin": b"x" * big})
     assert submitted == []
     assert fast.verify(1).manifest.files[0].checksum == real_checksum(
         fast.path_of(1) / "only.bin", fast.checksum or ""
     )
+
+
+def test_starting_a_files_writeback_is_a_hint_that_never_raises(tmp_path: Path) -> None:
+    """By path: a regular file's writeback is handed to the kernel (True on Linux); a
+    missing file, a symlink (never followed) or a directory is not (False, no error)."""
+    import sys
+
+    (tmp_path / "f").write_bytes(b"x" * 8192)
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    assert _fs.start_file_writeback(tmp_path / "f") is sys.platform.startswith("linux")
+    assert _fs.start_file_writeback(tmp_path / "missing") is False
+    assert _fs.start_file_writeback(tmp_path / "link") is False
+    assert _fs.start_file_writeback(tmp_path) is False
 
 
 def test_a_failed_hash_in_the_committing_thread_promotes_nothing(
