@@ -91,6 +91,7 @@ def choose_durability(root: Path) -> None:
     ckpts = CheckpointDir(root, sync=NoRootSync())
     assert_type(ckpts.sync.durable, bool)
     policy: SyncPolicy = NoSync()
+    policy.start_file(root / "model.bin")
     policy.file(root / "model.bin")
     policy.subdir(root)
     policy.marker(root, b"{}", tmp=None)
