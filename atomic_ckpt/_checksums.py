@@ -18,6 +18,10 @@ _MAP_AT_LEAST = 1 << 20
 """A file hashed with ``mapped=True`` is mapped from this size on (below it, one read is
 as cheap as setting up a mapping)."""
 _MAP_CHUNK = 8 << 20
+AHEAD = 32 << 20
+"""``checksum_file``'s ``ahead`` is called once per this many bytes: a range big enough
+for the disk to merge, small enough that hashing it takes about a millisecond while
+the disk writes it."""
 """Bytes of a mapping handed to the hasher at a time."""
 
 
@@ -58,15 +62,26 @@ _HASHERS: dict[str, Callable[[], _Hasher]] = {
 }
 
 
-def checksum_fd(fd: int, algorithm: str, on_read: Callable[[int], None] | None = None) -> str:
+def checksum_fd(
+    fd: int,
+    algorithm: str,
+    on_read: Callable[[int], None] | None = None,
+    ahead: Callable[[int, int], None] | None = None,
+) -> str:
     """The checksum of the open regular file ``fd`` (read from its offset to the end).
 
-    ``on_read(n)`` is called after each read of ``n`` bytes (verify's progress).
+    ``on_read(n)`` is called after each read of ``n`` bytes (verify's progress);
+    ``ahead`` as in :func:`checksum_file`.
     """
     hasher = _HASHERS[algorithm]()
     buf, view = _buffer()
-    size = 0
-    while n := os.readv(fd, [buf]):
+    size = announced = 0
+    while True:
+        if ahead is not None and size >= announced:
+            ahead(announced, AHEAD)
+            announced += AHEAD
+        if not (n := os.readv(fd, [buf])):
+            break
         hasher.update(view[:n])
         size += n
         if on_read is not None:
@@ -115,32 +130,41 @@ def checksum_file(
     *,
     on_read: Callable[[int], None] | None = None,
     mapped: bool = False,
+    ahead: Callable[[int, int], None] | None = None,
 ) -> str:
     """The checksum of a regular file, never following a symlink.
 
-    ``on_read(n)`` is called after each read of ``n`` bytes. ``mapped=True`` hashes a
-    large file through a read-only mapping instead of reading it: nothing is copied
-    out of the page cache (64 MiB here: 2.2 ms against 9.1 ms), which matters when
-    the hash runs beside the file's fsync on few cores. Only for a file nobody
-    truncates while it is hashed, such as a commit's own staging files: touching a
-    mapped page past a truncated end kills the process (SIGBUS), where a read just
-    ends early. A file that cannot be mapped is read.
+    ``on_read(n)`` is called after each read of ``n`` bytes. ``ahead(offset, length)``
+    is called before each :data:`AHEAD` bytes are hashed, from offset 0 (a commit
+    starts their writeback there, so the disk writes while the CPU hashes); once, with
+    ``(0, 0)`` (the whole file), for an algorithm registered in ``CHECKSUMS`` later.
+
+    ``mapped=True`` hashes a large file through a read-only mapping instead of
+    reading it: nothing is copied out of the page cache (64 MiB here: 2.2 ms against
+    9.1 ms), which matters when the hash runs beside the file's fsync on few cores.
+    Only for a file nobody truncates while it is hashed, such as a commit's own
+    staging files: touching a mapped page past a truncated end kills the process
+    (SIGBUS), where a read just ends early. A file that cannot be mapped is read.
     """
     _local.hashed = None
     fd = os.open(path, _OPEN_FLAGS)
     try:
         if algorithm not in _HASHERS:  # an algorithm registered in CHECKSUMS later
+            if ahead is not None:
+                ahead(0, 0)
             return CHECKSUMS[algorithm](fd)
         if mapped and on_read is None:
-            digest = _checksum_mapped(fd, algorithm)
+            digest = _checksum_mapped(fd, algorithm, ahead)
             if digest is not None:
                 return digest
-        return checksum_fd(fd, algorithm, on_read)
+        return checksum_fd(fd, algorithm, on_read, ahead)
     finally:
         os.close(fd)
 
 
-def _checksum_mapped(fd: int, algorithm: str) -> str | None:
+def _checksum_mapped(
+    fd: int, algorithm: str, ahead: Callable[[int, int], None] | None = None
+) -> str | None:
     """``fd``'s checksum through a read-only mapping, or None where it is not mapped
     (small, empty or not mappable: the caller reads it)."""
     size = os.fstat(fd).st_size
@@ -155,7 +179,11 @@ def _checksum_mapped(fd: int, algorithm: str) -> str | None:
             area.madvise(mmap.MADV_SEQUENTIAL)
         hasher = _HASHERS[algorithm]()
         with memoryview(area) as view:
+            announced = 0
             for start in range(0, size, _MAP_CHUNK):
+                if ahead is not None and start >= announced:
+                    ahead(announced, AHEAD)
+                    announced += AHEAD
                 hasher.update(view[start : start + _MAP_CHUNK])
     finally:
         with contextlib.suppress(BufferError):  # a slice a traceback holds: freed with it

@@ -41,10 +41,10 @@ from ._dcp_pending import _PendingSaves
 from ._ranks import (
     _coordination_group,
     _describe,
-    _failure_error,
     _failures,
     _Ranks,
     checked_listing,
+    raise_failures,
 )
 from ._tree import sync_files
 from .distributed import DEFAULT_TIMEOUT
@@ -281,16 +281,7 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
         try:
             gathered = self._gather((_describe(mine), entries))
             failed = _failures([g[0] for g in gathered])
-            if mine is not None:
-                others = [(r, w) for r, w in failed if r != self._rank()]
-                if others:
-                    mine.add_note(
-                        "atomic_ckpt: other ranks failed too: "
-                        + "; ".join(f"rank {r}: {w}" for r, w in others)
-                    )
-                raise mine
-            if failed:
-                raise _failure_error(self.step, failed, "while writing")
+            raise_failures(mine, failed, rank=self._rank(), step=self.step, phase="while writing")
         except BaseException as exc:
             self.error = exc
             self._abort(exc)

@@ -137,10 +137,11 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     return _sync_file_range(fd, offset, length) == 0
 
 
-def start_file_writeback(path: str | os.PathLike[str]) -> bool:
-    """:func:`start_writeback` for the whole of the regular file ``path`` (by path,
-    never following a symlink). A hint: False, never an error, when it could not be
-    taken (the fsync that must follow reports any problem)."""
+def start_file_writeback(path: str | os.PathLike[str], offset: int = 0, length: int = 0) -> bool:
+    """:func:`start_writeback` for ``length`` bytes from ``offset`` (0: to the end) of the
+    regular file ``path``, opened by path, never through a symlink. A hint: False,
+    never an error, when it could not be taken (the fsync that must follow reports
+    any problem)."""
     if _sync_file_range is None:
         return False
     try:
@@ -149,7 +150,9 @@ def start_file_writeback(path: str | os.PathLike[str]) -> bool:
         return False
     try:
         st = os.fstat(fd)
-        return stat.S_ISREG(st.st_mode) and start_writeback(fd, 0, st.st_size)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        return start_writeback(fd, offset, length or st.st_size - offset)
     except OSError:
         return False
     finally:

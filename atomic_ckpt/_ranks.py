@@ -189,6 +189,23 @@ def _failure_error(step: int, failed: list[tuple[int, str]], phase: str) -> Dist
     )
 
 
+def raise_failures(
+    mine: BaseException | None, failed: list[tuple[int, str]], *, rank: int, step: int, phase: str
+) -> None:
+    """After the ranks exchanged their outcomes: a rank that failed raises its own error
+    (with the other failed ranks in a note); the rest raise one naming the failed ranks."""
+    if mine is not None:
+        others = [(r, w) for r, w in failed if r != rank]
+        if others:
+            mine.add_note(
+                "atomic_ckpt: other ranks failed too: "
+                + "; ".join(f"rank {r}: {w}" for r, w in others)
+            )
+        raise mine
+    if failed:
+        raise _failure_error(step, failed, phase)
+
+
 def checked_listing(
     ckpts: CheckpointDir,
     staging: Path,

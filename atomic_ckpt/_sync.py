@@ -33,13 +33,14 @@ class SyncPolicy:
         """Step 3: a regular file of the checkpoint (its data and size)."""
         _fs.fsync_file(path)
 
-    def start_file(self, path: Path) -> None:
-        """Step 3, before a file is hashed: start writing it to disk, without waiting.
+    def start_file(self, path: Path, offset: int = 0, length: int = 0) -> None:
+        """Step 3, while a file is hashed: start writing ``length`` bytes of it from
+        ``offset`` (0: to the end) to disk, without waiting.
 
         Not a durability step (a hint; :meth:`file` must follow): the disk works
         while the file is hashed, so its fsync has less left to wait for.
         """
-        _fs.start_file_writeback(path)
+        _fs.start_file_writeback(path, offset, length)
 
     def subdir(self, path: Path) -> None:
         """Step 3: a subdirectory of the checkpoint (its entries)."""
@@ -74,7 +75,7 @@ class NoSync(SyncPolicy):
     def file(self, path: Path) -> None:
         pass
 
-    def start_file(self, path: Path) -> None:
+    def start_file(self, path: Path, offset: int = 0, length: int = 0) -> None:
         pass
 
     def subdir(self, path: Path) -> None:

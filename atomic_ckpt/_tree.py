@@ -89,9 +89,9 @@ def sync_tree(
     all of them). ``mapped``: ``top`` holds this process's own files (a commit's
     staging dir), which may be hashed through a mapping. Hashes are queued first,
     then the flushes, largest file first: a large file is hashed (CPU, from the page
-    cache) while it is flushed (disk). The largest is the calling thread's own: its
-    writeback is started (``policy.start_file``), it is hashed, and after ``then`` it
-    is fsynced there too, so a one-file commit runs on one thread.
+    cache) while it is flushed (disk). The largest is the calling thread's own: it is
+    hashed with its writeback started a range ahead (``policy.start_file``), and after
+    ``then`` fsynced there too, so a one-file commit runs on one thread.
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
@@ -135,10 +135,11 @@ def _flush(
     ``mapped``: the files are this process's own, which nobody truncates while they are
     hashed, so they may be hashed through a mapping (see ``checksum_file``)."""
     files = sorted(files, key=lambda f: -f[2])
-    # The largest file is this thread's: its writeback is started, then it is hashed
-    # and (after ``then``) fsynced here, with no thread started or waited on for it. A
-    # one-file commit starts no thread at all; handing a file to another thread and
-    # back costs more than the thread saves (0.3-0.8 ms of a 64 MiB commit here).
+    # The largest file is this thread's: it is hashed here, its writeback started a
+    # range ahead of the hash (so the disk writes while the CPU hashes), and (after
+    # ``then``) fsynced here, with no thread started or waited on for it: a one-file
+    # commit starts no thread at all (a handoff to a thread and back cost more than
+    # the thread saved on a 64 MiB commit here).
     own = files[:1]
     hashing, algorithm = (files, checksum) if checksum is not None else ([], "")
     with Workers(workers) as pool:
@@ -147,13 +148,19 @@ def _flush(
             for rel, path, _ in hashing[1:]
         }
         flushes: list[Future[None]] = []
+        ahead: Callable[[int, int], None] | None = None
         if policy.durable:
             flushes += [pool.submit(functools.partial(policy.file, p)) for _, p, _ in files[1:]]
             flushes += [pool.submit(functools.partial(policy.subdir, path)) for _, path in dirs]
             for _, path, size in own:
                 if size >= WRITEBACK_AT_LEAST:
-                    policy.start_file(path)
-        sums = {rel: checksum_file(path, algorithm, mapped=mapped) for rel, path, _ in hashing[:1]}
+                    ahead = functools.partial(policy.start_file, path)
+                    if not hashing:
+                        ahead(0, 0)  # nothing to hash meanwhile: all of it at once
+        sums = {
+            rel: checksum_file(path, algorithm, mapped=mapped, ahead=ahead)
+            for rel, path, _ in hashing[:1]
+        }
         sums.update((rel, job.result()) for rel, job in queued.items())
         out = [FileEntry(rel, "file", size=size, checksum=sums.get(rel)) for rel, _, size in files]
         out += [FileEntry(rel, "dir") for rel, _ in dirs]

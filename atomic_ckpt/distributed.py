@@ -82,9 +82,9 @@ from ._ranks import (
     _all_entered,
     _coordination_group,
     _describe,
-    _failure_error,
     _failures,
     _Ranks,
+    raise_failures,
 )
 
 __all__ = [
@@ -220,16 +220,7 @@ def _agree_written(ranks: _Ranks, step: int, mine: BaseException | None) -> None
     """Step 3: the ranks exchange the outcomes of their writes. A rank that raised
     raises its own error (noting the others'); the rest raise one naming those ranks."""
     failed = _failures(ranks.all_gather(_describe(mine), "agreeing that every rank wrote"))
-    if mine is not None:
-        others = [(r, w) for r, w in failed if r != ranks.rank]
-        if others:
-            mine.add_note(
-                "atomic_ckpt: other ranks failed too: "
-                + "; ".join(f"rank {r}: {w}" for r, w in others)
-            )
-        raise mine
-    if failed:
-        raise _failure_error(step, failed, "while writing")
+    raise_failures(mine, failed, rank=ranks.rank, step=step, phase="while writing")
 
 
 def resume(

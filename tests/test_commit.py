@@ -18,6 +18,7 @@ from treeutil import contents, write
 
 import atomic_ckpt
 from atomic_ckpt import MARKER, CheckpointDir, SyncPolicy, __version__, _fs, _tree
+from atomic_ckpt._checksums import AHEAD
 from atomic_ckpt._names import ROOT_LOCK
 
 STAGING_RE = re.compile(r"\.tmp-(?P<step>[0-9]+)\.[0-9a-f]{32}")
@@ -302,14 +303,15 @@ def test_the_largest_file_is_hashed_and_flushed_by_the_committing_thread(
     ckpts: CheckpointDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No thread is started or handed work for the largest file: the committing thread
-    starts its writeback (from 1 MiB on), hashes it and fsyncs it, so a one-file commit
-    starts no thread at all; the other files are hashed and fsynced on the workers."""
+    hashes it with its writeback started a range ahead (from 1 MiB on) and fsyncs it, so
+    a one-file commit starts no thread at all; the other files are hashed and fsynced on
+    the workers. Without checksums the whole file's writeback starts at once."""
     import threading
 
     real_checksum = _tree.checksum_file
     hashed_by: dict[str, int] = {}
     flushed_by: dict[str, int] = {}
-    started: list[str] = []
+    started: list[tuple[str, int, int]] = []
     submitted: list[object] = []
     real_submit = _tree.Workers.submit
 
@@ -322,10 +324,10 @@ def test_the_largest_file_is_hashed_and_flushed_by_the_committing_thread(
         return real_submit(self, job)
 
     class Watching(SyncPolicy):
-        def start_file(self, path: Path) -> None:
+        def start_file(self, path: Path, offset: int = 0, length: int = 0) -> None:
             assert Path(path).name not in flushed_by  # the hint comes before the fsync
-            started.append(Path(path).name)
-            super().start_file(path)
+            started.append((Path(path).name, offset, length))
+            super().start_file(path, offset, length)
 
         def file(self, path: Path) -> None:
             flushed_by[Path(path).name] = threading.get_ident()
@@ -339,7 +341,7 @@ def test_the_largest_file_is_hashed_and_flushed_by_the_committing_thread(
         write(path, {"big.bin": b"b" * big, "small.bin": b"s", "other.bin": b"o" * 10})
     me = threading.get_ident()
     assert hashed_by["big.bin"] == flushed_by["big.bin"] == me
-    assert started == ["big.bin"]
+    assert started == [("big.bin", 0, AHEAD)]  # one range ahead of the hash (1 MiB < AHEAD)
     for name in ("small.bin", "other.bin"):
         assert hashed_by[name] != me
         assert flushed_by[name] != me
@@ -354,6 +356,13 @@ def test_the_largest_file_is_hashed_and_flushed_by_the_committing_thread(
     assert started == []
     assert flushed_by["only.bin"] == me
     watched.verify(2)
+
+    started.clear()
+    unhashed = CheckpointDir(tmp_path / "unhashed", sync=Watching(), checksum=None)
+    with unhashed.commit(1) as path:
+        write(path, {"unhashed.bin": b"x" * big})
+    assert started == [("unhashed.bin", 0, 0)]
+    assert flushed_by["unhashed.bin"] == me
 
     submitted.clear()
     fast = CheckpointDir(tmp_path / "fast", durable=False)

@@ -337,7 +337,7 @@ def _record_writeback(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, i
     monkeypatch.setattr(_fs, "start_writeback", recording)
     # Only the stream's ranges: the whole-file hint before a rank's largest file is hashed
     # (SyncPolicy.start_file, tested in test_commit.py) is left out here.
-    monkeypatch.setattr(_fs, "start_file_writeback", lambda path: False)
+    monkeypatch.setattr(_fs, "start_file_writeback", lambda *args: False)
     return calls
 
 
