@@ -18,11 +18,11 @@ _MAP_AT_LEAST = 1 << 20
 """A file hashed with ``mapped=True`` is mapped from this size on (below it, one read is
 as cheap as setting up a mapping)."""
 _MAP_CHUNK = 8 << 20
+"""Bytes of a mapping handed to the hasher at a time."""
 AHEAD = 32 << 20
 """``checksum_file``'s ``ahead`` is called once per this many bytes: a range big enough
 for the disk to merge, small enough that hashing it takes about a millisecond while
 the disk writes it."""
-"""Bytes of a mapping handed to the hasher at a time."""
 
 
 # ---------------------------------------------------------------- checksums
@@ -76,12 +76,10 @@ def checksum_fd(
     hasher = _HASHERS[algorithm]()
     buf, view = _buffer()
     size = announced = 0
-    while True:
-        if ahead is not None and size >= announced:
+    while n := os.readv(fd, [buf]):
+        while ahead is not None and size + n > announced:  # before these bytes are hashed
             ahead(announced, AHEAD)
             announced += AHEAD
-        if not (n := os.readv(fd, [buf])):
-            break
         hasher.update(view[:n])
         size += n
         if on_read is not None:
@@ -181,10 +179,11 @@ def _checksum_mapped(
         with memoryview(area) as view:
             announced = 0
             for start in range(0, size, _MAP_CHUNK):
-                if ahead is not None and start >= announced:
+                end = min(start + _MAP_CHUNK, size)
+                while ahead is not None and end > announced:  # before these bytes are hashed
                     ahead(announced, AHEAD)
                     announced += AHEAD
-                hasher.update(view[start : start + _MAP_CHUNK])
+                hasher.update(view[start:end])
     finally:
         with contextlib.suppress(BufferError):  # a slice a traceback holds: freed with it
             area.close()

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import CheckpointDir, CommitStateError, DistributedCommitError, FileEntry
-from ._ranks import _describe, _failure_error, _failures, _Ranks, checked_listing
+from ._ranks import _describe, _failures, _Ranks, checked_listing, raise_failures
 
 
 class Declared:
@@ -81,11 +81,8 @@ def flush_declared(
     gathered = ranks.all_gather(
         (_describe(mine), synced), "agreeing that every rank flushed its files"
     )
-    if mine is not None:
-        raise mine
     failed = _failures([g[0] for g in gathered])
-    if failed:
-        raise _failure_error(step, failed, "while flushing")
+    raise_failures(mine, failed, rank=ranks.rank, step=step, phase="while flushing")
     declared: dict[str, FileEntry] = {}
     for _, entries in gathered:
         for e in entries:
@@ -127,11 +124,8 @@ def sweep_undeclared(
         (_describe(mine), digest, sums),
         "agreeing that every rank flushed the undeclared files",
     )
-    if mine is not None:
-        raise mine
     failed = _failures([g[0] for g in gathered])
-    if failed:
-        raise _failure_error(step, failed, "while flushing")
+    raise_failures(mine, failed, rank=ranks.rank, step=step, phase="while flushing")
     digests = [g[1] for g in gathered]
     differ = [r for r, d in enumerate(digests) if d != digests[0]]
     if differ:

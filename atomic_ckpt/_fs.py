@@ -140,12 +140,13 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
 def start_file_writeback(path: str | os.PathLike[str], offset: int = 0, length: int = 0) -> bool:
     """:func:`start_writeback` for ``length`` bytes from ``offset`` (0: to the end) of the
     regular file ``path``, opened by path, never through a symlink. A hint: False,
-    never an error, when it could not be taken (the fsync that must follow reports
+    not an OSError, when it could not be taken (the fsync that must follow reports
     any problem)."""
     if _sync_file_range is None:
         return False
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO swapped in for the file must not hang the commit here.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return False
     try:

@@ -1,4 +1,5 @@
-"""The durability steps of the commit protocol: one method per fsync of PROTOCOL.md.
+"""The durability steps of the commit protocol: one method per fsync of PROTOCOL.md
+(and one writeback hint, :meth:`SyncPolicy.start_file`, which makes nothing durable).
 
 A commit calls these at fixed points of its one ordered function
 (:func:`atomic_ckpt._commit.publish`); which of them reach the disk is the
@@ -22,8 +23,8 @@ __all__ = ["NoSync", "SyncPolicy"]
 class SyncPolicy:
     """Every durability step of the protocol (the default).
 
-    Subclass and override one method to change one step; each method is called
-    with the path it makes durable.
+    Subclass and override one method to change one step; each fsync method is
+    called with the path it makes durable.
     """
 
     durable: bool = True
@@ -34,8 +35,9 @@ class SyncPolicy:
         _fs.fsync_file(path)
 
     def start_file(self, path: Path, offset: int = 0, length: int = 0) -> None:
-        """Step 3, while a file is hashed: start writing ``length`` bytes of it from
-        ``offset`` (0: to the end) to disk, without waiting.
+        """Step 3, just before a range of a file is hashed (or, without checksums, for
+        the whole file): start writing ``length`` bytes of it from ``offset`` (0: to
+        the end) to disk, without waiting.
 
         Not a durability step (a hint; :meth:`file` must follow): the disk works
         while the file is hashed, so its fsync has less left to wait for.

@@ -17,7 +17,7 @@ import queue
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,8 +35,8 @@ many in flight let the disk merge work (1,000 small files here: 1 thread 221 ms,
 16 threads 120 ms, 32 threads 110 ms; see benchmarks/fsync_overhead.py)."""
 
 WRITEBACK_AT_LEAST = 1 << 20
-"""The committing thread starts its own file's writeback before hashing it from this
-size on (below, the hash takes microseconds and the fsync follows at once)."""
+"""From this size on, the committing thread starts its own file's writeback range by
+range as it hashes it (below, the hash takes microseconds and the fsync follows at once)."""
 
 _T = TypeVar("_T")
 
@@ -88,10 +88,12 @@ def sync_tree(
     them (nothing in a staging dir is visible before the rename, which waits for
     all of them). ``mapped``: ``top`` holds this process's own files (a commit's
     staging dir), which may be hashed through a mapping. Hashes are queued first,
-    then the flushes, largest file first: a large file is hashed (CPU, from the page
-    cache) while it is flushed (disk). The largest is the calling thread's own: it is
-    hashed with its writeback started a range ahead (``policy.start_file``), and after
-    ``then`` fsynced there too, so a one-file commit runs on one thread.
+    then the flushes, largest file first: the other files are hashed (CPU, from the
+    page cache) while they are flushed (disk). The largest is the calling thread's
+    own: the writeback of each of its ranges is started just before that range is
+    hashed (``policy.start_file``), so the disk writes while the CPU hashes, and it is
+    fsynced there too, after ``then``: a one-file commit without subdirectories runs
+    on one thread.
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
@@ -135,11 +137,11 @@ def _flush(
     ``mapped``: the files are this process's own, which nobody truncates while they are
     hashed, so they may be hashed through a mapping (see ``checksum_file``)."""
     files = sorted(files, key=lambda f: -f[2])
-    # The largest file is this thread's: it is hashed here, its writeback started a
-    # range ahead of the hash (so the disk writes while the CPU hashes), and (after
-    # ``then``) fsynced here, with no thread started or waited on for it: a one-file
-    # commit starts no thread at all (a handoff to a thread and back cost more than
-    # the thread saved on a 64 MiB commit here).
+    # The largest file is this thread's: it is hashed here, each range's writeback
+    # started just before that range is hashed (so the disk writes while the CPU
+    # hashes), and (after ``then``) fsynced here, with no thread started or waited on
+    # for it: a one-file commit starts no thread at all (a handoff to a thread and back
+    # cost more than the thread saved on a 64 MiB commit here).
     own = files[:1]
     hashing, algorithm = (files, checksum) if checksum is not None else ([], "")
     with Workers(workers) as pool:
@@ -161,7 +163,7 @@ def _flush(
             rel: checksum_file(path, algorithm, mapped=mapped, ahead=ahead)
             for rel, path, _ in hashing[:1]
         }
-        sums.update((rel, job.result()) for rel, job in queued.items())
+        sums.update((rel, pool.result(job)) for rel, job in queued.items())
         out = [FileEntry(rel, "file", size=size, checksum=sums.get(rel)) for rel, _, size in files]
         out += [FileEntry(rel, "dir") for rel, _ in dirs]
         out += links
@@ -172,7 +174,7 @@ def _flush(
             for _, path, _ in own:
                 policy.file(path)
         for flush in flushes:
-            flush.result()
+            pool.result(flush)
     return out
 
 
@@ -259,6 +261,7 @@ class Workers:
         self._queue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._failed = False
+        self._error: BaseException | None = None
 
     def submit(self, job: Callable[[], _T]) -> Future[_T]:
         future: Future[_T] = Future()
@@ -286,7 +289,19 @@ class Workers:
             future.set_result(job())
         except BaseException as exc:
             self._failed = True
+            if self._error is None:
+                self._error = exc
             future.set_exception(exc)
+
+    def result(self, future: Future[_T]) -> _T:
+        """``future``'s result. A job cancelled because another one failed raises that
+        failure (the first), never a bare ``CancelledError`` that would hide it."""
+        try:
+            return future.result()
+        except CancelledError:
+            if self._error is not None:
+                raise self._error from None
+            raise
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -322,4 +337,4 @@ def run(jobs: Iterable[Callable[[], _T]], workers: int) -> list[_T]:
     """
     with Workers(workers) as pool:
         futures = [pool.submit(job) for job in jobs]
-        return [future.result() for future in futures]
+        return [pool.result(future) for future in futures]

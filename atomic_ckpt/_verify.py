@@ -78,7 +78,8 @@ def verify(ckpt: Checkpoint, *, workers: int, progress: Progress | None = None) 
                 pending = wait(pending, timeout=PROGRESS_INTERVAL).not_done
                 progress(min(meter.done, meter.total), meter.total)
         for job in jobs:
-            disk.update(job.result())
+            hashed = pool.result(job)
+            disk.update(hashed)
     if progress is not None and meter is not None and meter.done < meter.total:
         progress(meter.total, meter.total)  # files not read (missing, no checksum) count too
     for entry in files:

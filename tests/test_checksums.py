@@ -96,16 +96,16 @@ def test_adopting_or_syncing_a_foreign_directory_never_maps_its_files(
     ckpts.verify(7)
 
 
+@pytest.mark.parametrize("size", [0, 1, 2 << 20, (5 << 20) + 7, 6 << 20])
 @pytest.mark.parametrize("mapped", [True, False])
 def test_ahead_is_called_once_per_range_before_that_range_is_hashed(
-    tmp_path: Path, mapped: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mapped: bool, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``ahead(offset, length)`` covers the file in consecutive AHEAD-sized ranges from 0,
     each announced before any of its bytes is hashed, mapped or read; the digest is the
     same as without it."""
     monkeypatch.setattr(_checksums, "AHEAD", 2 << 20)  # small, still a multiple of chunks
     monkeypatch.setattr(_checksums, "_MAP_CHUNK", 1 << 20)
-    size = (5 << 20) + 7
     path = tmp_path / "f"
     path.write_bytes(os.urandom(size))
     calls: list[tuple[int, int]] = []
@@ -134,7 +134,8 @@ def test_ahead_is_called_once_per_range_before_that_range_is_hashed(
 
     digest = _checksums.checksum_file(path, "xxh3_128", mapped=mapped, ahead=ahead)
     step = 2 << 20
-    assert calls == [(0, step), (step, step), (2 * step, step)]
-    assert hashed == [0, step, 2 * step]  # each range announced before it is hashed
+    ranges = range(0, size, step)  # none for an empty file, none past the end
+    assert calls == [(offset, step) for offset in ranges]
+    assert hashed == list(ranges)  # each range announced before any of it is hashed
     monkeypatch.setitem(_checksums._HASHERS, "xxh3_128", real_hashers["xxh3_128"])
     assert digest == _checksums.checksum_file(path, "xxh3_128")

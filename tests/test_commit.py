@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import json
 import os
 import re
 import stat
+import time
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -406,8 +408,67 @@ def test_a_failed_hash_in_the_committing_thread_promotes_nothing(
     assert [p.name for p in ckpts.root.iterdir()] == []
 
 
+@pytest.mark.parametrize("failing", ["file", "start_file"])
+def test_a_failure_on_the_largest_file_promotes_nothing(tmp_path: Path, failing: str) -> None:
+    """The committing thread's own file: a failed fsync of it, or a writeback hint that
+    raises in a custom policy, fails the commit with that error; nothing is promoted and
+    nothing is left in the root (the workers' jobs ended first)."""
+    hit: list[str] = []
+
+    class Failing(SyncPolicy):
+        def start_file(self, path: Path, offset: int = 0, length: int = 0) -> None:
+            if failing == "start_file":
+                hit.append(Path(path).name)
+                raise OSError(errno.EIO, "injected hint error", str(path))
+            super().start_file(path, offset, length)
+
+        def file(self, path: Path) -> None:
+            if failing == "file" and Path(path).name == "big.bin":
+                hit.append(Path(path).name)
+                raise OSError(errno.EIO, "injected fsync error", str(path))
+            super().file(path)
+
+    ckpts = CheckpointDir(tmp_path / "root", sync=Failing())
+    with pytest.raises(OSError, match="injected"), ckpts.commit(1) as path:
+        write(path, {"big.bin": b"b" * _tree.WRITEBACK_AT_LEAST, "small.bin": b"s"})
+    assert hit == ["big.bin"]
+    assert ckpts.steps() == []
+    assert list(ckpts.root.iterdir()) == []
+
+
+def test_a_job_cancelled_by_another_failure_raises_that_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that took a job but had not started it when another job failed cancels
+    it; collecting the cancelled job's result raises the failure, not a bare
+    CancelledError that would hide the EIO."""
+    real_do = _tree.Workers._do
+    cancelled: list[bool] = []
+
+    def do(self: _tree.Workers, future: Any, job: Callable[[], object]) -> None:
+        if getattr(job, "slow", False):  # descheduled until the other job has failed
+            while not self._failed:
+                time.sleep(0.001)
+        real_do(self, future, job)
+        cancelled.append(future.cancelled())
+
+    def slow() -> str:
+        return "never"
+
+    slow.slow = True  # type: ignore[attr-defined]
+
+    def failing() -> str:
+        raise OSError(errno.EIO, "injected flush error")
+
+    monkeypatch.setattr(_tree.Workers, "_do", do)
+    with pytest.raises(OSError, match="injected flush error"):
+        _tree.run([slow, failing], workers=2)
+    assert True in cancelled  # the slow job really was cancelled, and read first
+
+
 def test_durable_commit_fsyncs_files_dirs_staging_then_root(ckpts: CheckpointDir) -> None:
-    """Each file and subdir is fsynced, then the staging dir, then (after the rename) the root."""
+    """Each file (exactly once) and subdir is fsynced, the staging dir too, and after the
+    rename the root, last."""
     calls: list[tuple[str, Path]] = []
     real_fsync_file, real_fsync_dir = _fs.fsync_file, _fs.fsync_dir
 
@@ -425,8 +486,8 @@ def test_durable_commit_fsyncs_files_dirs_staging_then_root(ckpts: CheckpointDir
         with ckpts.commit(2) as path:
             write(path, {"a.bin": b"a", "sub/b.bin": b"b", "sub/deeper/c.bin": b"c"})
             staging = path
-    files = {p for kind, p in calls if kind == "file"}
-    assert files == {staging / "a.bin", staging / "sub" / "b.bin", staging / "sub/deeper/c.bin"}
+    files = collections.Counter(p for kind, p in calls if kind == "file")
+    assert files == {staging / rel: 1 for rel in ("a.bin", "sub/b.bin", "sub/deeper/c.bin")}
     dirs = [p for kind, p in calls if kind == "dir"]
     assert staging / "sub" in dirs
     assert staging / "sub" / "deeper" in dirs

@@ -19,6 +19,10 @@ class _Mutant(SyncPolicy):
     def __init__(self, off: str) -> None:
         self.off = off
 
+    def start_file(self, path: Path, offset: int = 0, length: int = 0) -> None:
+        if self.off != "file":  # without the file step, no early writeback of its data either
+            super().start_file(path, offset, length)
+
     def file(self, path: Path) -> None:
         if self.off != "file":
             super().file(path)
