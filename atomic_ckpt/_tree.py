@@ -142,7 +142,7 @@ def _flush(
     # hashes), and (after ``then``) fsynced here, with no thread started or waited on
     # for it: a one-file commit starts no thread at all (a handoff to a thread and back
     # cost more than the thread saved on a 64 MiB commit here).
-    own = files[:1]
+    largest = files[0] if files else None
     hashing, algorithm = (files, checksum) if checksum is not None else ([], "")
     with Workers(workers) as pool:
         queued = {
@@ -154,11 +154,10 @@ def _flush(
         if policy.durable:
             flushes += [pool.submit(functools.partial(policy.file, p)) for _, p, _ in files[1:]]
             flushes += [pool.submit(functools.partial(policy.subdir, path)) for _, path in dirs]
-            for _, path, size in own:
-                if size >= WRITEBACK_AT_LEAST:
-                    ahead = functools.partial(policy.start_file, path)
-                    if not hashing:
-                        ahead(0, 0)  # nothing to hash meanwhile: all of it at once
+            if largest is not None and largest[2] >= WRITEBACK_AT_LEAST:
+                ahead = functools.partial(policy.start_file, largest[1])
+                if not hashing:
+                    ahead(0, 0)  # nothing to hash meanwhile: all of it at once
         sums = {
             rel: checksum_file(path, algorithm, mapped=mapped, ahead=ahead)
             for rel, path, _ in hashing[:1]
@@ -170,9 +169,8 @@ def _flush(
         out.sort(key=lambda e: e.path)
         if then is not None:
             then(out)
-        if policy.durable:
-            for _, path, _ in own:
-                policy.file(path)
+        if policy.durable and largest is not None:
+            policy.file(largest[1])
         for flush in flushes:
             pool.result(flush)
     return out

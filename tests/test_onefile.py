@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -385,6 +387,19 @@ def test_commit_directory_failure_leaves_the_old_one(
         commit_directory(other, tmp_path / "x")
 
 
+def killed(script: str, *args: Path) -> None:
+    """Run ``script`` in a child process with ``args``; it must end at the point it
+    arranged, where it dies abruptly with ``os._exit(9)`` (no cleanup, like a kill):
+    exit status 9 is reached only through that injected point."""
+    child = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 9, child.stderr
+
+
 _CRASH_IN_THE_MOVE_ASIDE_WINDOW = """
 import errno, os, sys
 from pathlib import Path
@@ -410,18 +425,9 @@ def test_a_crash_between_the_move_aside_and_the_rename_is_put_back_by_clean_temp
     """Without RENAME_EXCHANGE the old directory is moved aside first. A process killed in
     that window leaves no target, only the old copy aside: clean_temporaries puts it back
     (it must not remove the only copy) and removes the unfinished new one."""
-    import subprocess
-    import sys
-
     make_tree(tmp_path / "a.ckpt", b"old")
     staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
-    child = subprocess.run(
-        [sys.executable, "-c", _CRASH_IN_THE_MOVE_ASIDE_WINDOW, staging, tmp_path / "a.ckpt"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert child.returncode == 9, child.stderr  # killed exactly in the window
+    killed(_CRASH_IN_THE_MOVE_ASIDE_WINDOW, staging, tmp_path / "a.ckpt")  # in the window
     left = listing(tmp_path)
     assert "a.ckpt" not in left
     (aside,) = [n for n in left if n.startswith(".a.ckpt.tmp-old-")]
@@ -475,20 +481,11 @@ def test_a_kill_while_the_replaced_copy_is_removed_never_leaves_it_to_be_put_bac
     """Without RENAME_EXCHANGE the old copy is removed after the new one is in place. A
     kill in the middle of that removal leaves only a temporary: when the new directory is
     later deleted, clean_temporaries has no half-removed old copy to put back."""
-    import subprocess
-    import sys
-
     make_tree(tmp_path / "a.ckpt", b"old")
     for i in range(5):
         (tmp_path / "a.ckpt" / f"f{i}").write_bytes(b"old")
     staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
-    child = subprocess.run(
-        [sys.executable, "-c", _KILL_WHILE_THE_OLD_COPY_IS_REMOVED, staging, tmp_path / "a.ckpt"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert child.returncode == 9, child.stderr  # killed inside the removal
+    killed(_KILL_WHILE_THE_OLD_COPY_IS_REMOVED, staging, tmp_path / "a.ckpt")  # mid-removal
     assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"new"
     assert not [n for n in listing(tmp_path) if _onefile._ASIDE_RE.fullmatch(n)]
     remove_directory(tmp_path / "a.ckpt")
