@@ -19,10 +19,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
-from ._async import AsyncCommitter
-from ._checkpoint import CheckpointDir
-from ._commit import Commit
-from ._errors import (
+from atomic_ckpt._core.l1_names import public as _public
+from atomic_ckpt._core.l1_names.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointTimeoutError,
@@ -40,10 +38,13 @@ from ._errors import (
     UnmarkedCheckpointsError,
     VerificationError,
 )
-from ._manifest import FileEntry, Manifest
-from ._named import NamedCheckpoint
-from ._names import BEST_LINK, MARKER, TMP_INFIX, parse_step
-from ._onefile import (
+from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, TMP_INFIX, parse_step
+from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
+from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest
+from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
+from atomic_ckpt._core.l4_protocol.commit import Commit
+from atomic_ckpt._core.l4_protocol.named import NamedCheckpoint
+from atomic_ckpt._core.l4_protocol.onefile import (
     atomic_write,
     clean_temporaries,
     commit_directory,
@@ -53,10 +54,10 @@ from ._onefile import (
     temp_name,
     write_bytes_atomic,
 )
-from ._read import Checkpoint, Entry
-from ._retention import RetentionPolicy
-from ._sync import NoSync, SyncPolicy
-from ._version import __version__
+from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
+from atomic_ckpt._core.l5_facade.asynchronous import AsyncCommitter
+from atomic_ckpt._core.l5_facade.checkpoint import CheckpointDir
+from atomic_ckpt._version import __version__
 
 
 @contextlib.contextmanager
@@ -122,3 +123,5 @@ __all__ = [
     "temp_name",
     "write_bytes_atomic",
 ]
+
+_public.export(__name__, globals(), __all__)

@@ -24,7 +24,7 @@ from typing import Any, Protocol, SupportsIndex
 import torch
 from safetensors.torch import load_model, save_model
 
-from . import Checkpoint, CheckpointDir
+from atomic_ckpt import Checkpoint, CheckpointDir
 
 __all__ = [
     "MODEL_FILE",

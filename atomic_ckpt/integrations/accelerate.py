@@ -49,8 +49,8 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
         "pip install 'atomic_ckpt[accelerate]'"
     ) from _exc
 
-from .. import Checkpoint, CheckpointDir, RetentionPolicy
-from ..distributed import distributed_commit, resume
+from atomic_ckpt import Checkpoint, CheckpointDir, RetentionPolicy
+from atomic_ckpt.distributed import distributed_commit, resume
 
 __all__ = ["ITERATION_KEY", "load_state", "save_state"]
 

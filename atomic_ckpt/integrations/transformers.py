@@ -66,8 +66,9 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
         "pip install 'atomic_ckpt[transformers]'"
     ) from _exc
 
-from .. import CheckpointDir, CheckpointNotFoundError, _fs, parse_step
-from ..distributed import distributed_commit, resume
+from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt.distributed import distributed_commit, resume
 
 __all__ = [
     "CHECKPOINT_PREFIX",

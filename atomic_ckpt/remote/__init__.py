@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 
+from atomic_ckpt._core.l1_names import public as _public
+
 try:
     importlib.import_module("fsspec")
 except ImportError as exc:  # pragma: no cover (the extra is installed in CI)
@@ -25,12 +27,12 @@ except ImportError as exc:  # pragma: no cover (the extra is installed in CI)
         "atomic_ckpt.remote needs fsspec and s3fs: pip install 'atomic_ckpt[s3]'"
     ) from exc
 
-from ._commit import RemoteCommit
-from ._dir import DEFAULT_GRACE, RemoteCheckpointDir
-from ._entries import RemoteEntry
-from ._mirror import AsyncRemoteCommitter, Mirror
-from ._protocol import ATTEMPT_KEY, RemoteCheckpoint
-from ._store import UnsupportedStoreError
+from atomic_ckpt.remote._commit import RemoteCommit
+from atomic_ckpt.remote._dir import DEFAULT_GRACE, RemoteCheckpointDir
+from atomic_ckpt.remote._entries import RemoteEntry
+from atomic_ckpt.remote._mirror import AsyncRemoteCommitter, Mirror
+from atomic_ckpt.remote._protocol import ATTEMPT_KEY, RemoteCheckpoint
+from atomic_ckpt.remote._store import UnsupportedStoreError
 
 __all__ = [
     "ATTEMPT_KEY",
@@ -43,3 +45,5 @@ __all__ = [
     "RemoteEntry",
     "UnsupportedStoreError",
 ]
+
+_public.export(__name__, globals(), __all__)

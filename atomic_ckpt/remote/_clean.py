@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import CheckpointNotFoundError, ManifestError, parse_step
-from . import _protocol
-from ._protocol import ATTEMPT_RE, PROBE_DIR
-from ._store import Store
+from atomic_ckpt import CheckpointNotFoundError, ManifestError, parse_step
+from atomic_ckpt.remote import _protocol
+from atomic_ckpt.remote._protocol import ATTEMPT_RE, PROBE_DIR
+from atomic_ckpt.remote._store import Store
 
 
 def delete(store: Store, name: str, step: int) -> str:

@@ -7,14 +7,32 @@ import shutil
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, SupportsIndex
 
-from .. import CommitStateError, FileEntry, RetentionPolicy
-from . import _protocol
-from ._protocol import RemoteCheckpoint
+from atomic_ckpt import CheckpointDir, CommitStateError, FileEntry, RetentionPolicy
+from atomic_ckpt.remote import _protocol
+from atomic_ckpt.remote._protocol import RemoteCheckpoint
+from atomic_ckpt.remote._store import Store
 
-if TYPE_CHECKING:  # the facade makes commits; a commit only calls back into it
-    from ._dir import RemoteCheckpointDir
+
+class CommitTarget(Protocol):
+    """What a commit calls back into: the root it commits to (``RemoteCheckpointDir``).
+
+    Named here as a protocol so that the facade imports its commit handle and not the reverse.
+    """
+
+    _local: CheckpointDir
+    _store: Store
+    _checksum: str | None
+
+    @property
+    def staging_dir(self) -> Path: ...
+
+    def url_of(self, step: SupportsIndex) -> str: ...
+
+    def _name(self, step: int) -> str: ...
+
+    def retain(self, policy: RetentionPolicy | None = None) -> list[str]: ...
 
 
 class RemoteCommit:
@@ -26,7 +44,7 @@ class RemoteCommit:
 
     def __init__(
         self,
-        rdir: RemoteCheckpointDir,
+        rdir: CommitTarget,
         step: int,
         metadata: dict[str, Any],
         base: str | None,

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, SupportsIndex
 
-from .. import (
+from atomic_ckpt import (
     Checkpoint,
     CheckpointDir,
     CheckpointNotFoundError,
@@ -28,13 +28,13 @@ from .. import (
     RetentionPolicy,
     VerificationError,
 )
-from . import _clean, _entries, _fetch, _protocol
-from ._commit import RemoteCommit
-from ._entries import RemoteEntry
-from ._open import open_store
-from ._protocol import ATTEMPT_KEY, RemoteCheckpoint
-from ._s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Store
-from ._store import Store
+from atomic_ckpt.remote import _clean, _entries, _fetch, _protocol
+from atomic_ckpt.remote._commit import RemoteCommit
+from atomic_ckpt.remote._entries import RemoteEntry
+from atomic_ckpt.remote._open import open_store
+from atomic_ckpt.remote._protocol import ATTEMPT_KEY, RemoteCheckpoint
+from atomic_ckpt.remote._s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Store
+from atomic_ckpt.remote._store import Store
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .. import Manifest, ManifestError
-from . import _protocol
-from ._protocol import ATTEMPT_RE
-from ._store import Store
+from atomic_ckpt import Manifest, ManifestError
+from atomic_ckpt.remote import _protocol
+from atomic_ckpt.remote._protocol import ATTEMPT_RE
+from atomic_ckpt.remote._store import Store
 
 Status = Literal["complete", "incomplete", "uncommitted"]
 

@@ -10,18 +10,18 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from .. import (
+from atomic_ckpt import (
     MARKER,
     Checkpoint,
     CheckpointDir,
     CheckpointNotFoundError,
     FileEntry,
     VerificationError,
-    _fs,
 )
-from . import _protocol
-from ._protocol import RemoteCheckpoint
-from ._store import Store
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt.remote import _protocol
+from atomic_ckpt.remote._protocol import RemoteCheckpoint
+from atomic_ckpt.remote._store import Store
 
 
 def fetch(

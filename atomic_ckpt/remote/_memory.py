@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ._store import ObjectInfo, PreconditionFailed, Store, Upload, read_range
+from atomic_ckpt.remote._store import ObjectInfo, PreconditionFailed, Store, Upload, read_range
 
 _MEMORY_LOCK = threading.Lock()
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
-from .. import AsyncCommitter, CheckpointDir, CommitterClosedError, RetentionPolicy
-from .._closing import ClosesOnExit
-from ._dir import RemoteCheckpointDir
-from ._protocol import RemoteCheckpoint
+from atomic_ckpt import AsyncCommitter, CheckpointDir, CommitterClosedError, RetentionPolicy
+from atomic_ckpt._core.l5_facade.closing import ClosesOnExit
+from atomic_ckpt.remote._dir import RemoteCheckpointDir
+from atomic_ckpt.remote._protocol import RemoteCheckpoint
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._memory import MemoryStore
-from ._s3 import S3Store, load_s3fs
-from ._store import Store, UnsupportedStoreError
+from atomic_ckpt.remote._memory import MemoryStore
+from atomic_ckpt.remote._s3 import S3Store, load_s3fs
+from atomic_ckpt.remote._store import Store, UnsupportedStoreError
 
 # fsspec ships no type information: imported as a module of type Any, so that
 # mypy --strict needs no override for it.

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import (
+from atomic_ckpt import (
     MARKER,
     CheckpointError,
     FileEntry,
@@ -34,7 +34,13 @@ from .. import (
     __version__,
     parse_step,
 )
-from ._store import ObjectInfo, PreconditionFailed, Store, UnsupportedStoreError, Upload
+from atomic_ckpt.remote._store import (
+    ObjectInfo,
+    PreconditionFailed,
+    Store,
+    UnsupportedStoreError,
+    Upload,
+)
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._store import ObjectInfo, PreconditionFailed, Store, Upload, read_range
+from atomic_ckpt.remote._store import ObjectInfo, PreconditionFailed, Store, Upload, read_range
 
 # fsspec and s3fs ship no type information: imported as modules of type Any, so that
 # mypy --strict needs no override for them.

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import CheckpointError
+from atomic_ckpt._core.l1_names.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

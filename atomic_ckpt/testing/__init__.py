@@ -7,7 +7,7 @@ run the real scanner and loader on each.
 
 What is recorded:
 
-* the library's own operations, by hooking :mod:`atomic_ckpt._fs` (the one
+* the library's own operations, by hooking :mod:`atomic_ckpt._core.l2_syscalls.fs` (the one
   module that makes the durability syscalls): fsyncs, renames, the marker
   write, tree removal;
 * everything else (the files the save function wrote, ``mkdir`` of the
@@ -57,13 +57,15 @@ survived) and raises ``AssertionError`` to reject it.
 
 from __future__ import annotations
 
+from atomic_ckpt._core.l1_names import public as _public
+
 # One job per module, from the ground up: _results (the data types), _mirror (the
 # model of the live scratch tree), _recorder (the hooks that log each operation),
 # _states (the crash models and the states they allow), invariants (I1 to I4),
 # mutants (protocol mutants), _crash (record a save, check every crash state).
-from ._crash import Recording, Replace, explore, record
-from ._recorder import read_tree
-from ._results import (
+from atomic_ckpt.testing._crash import Recording, Replace, explore, record
+from atomic_ckpt.testing._recorder import read_tree
+from atomic_ckpt.testing._results import (
     MODELS,
     Checker,
     CrashState,
@@ -75,10 +77,12 @@ from ._results import (
     Tree,
     Version,
 )
-from ._results import DataFate as DataFate  # importable as before, outside __all__
-from ._results import Model as Model
-from .invariants import check_invariants
-from .mutants import STEPS, mutant
+from atomic_ckpt.testing._results import (
+    DataFate as DataFate,  # importable as before, outside __all__
+)
+from atomic_ckpt.testing._results import Model as Model
+from atomic_ckpt.testing.invariants import check_invariants
+from atomic_ckpt.testing.mutants import STEPS, mutant
 
 __all__ = [
     "MODELS",
@@ -100,3 +104,5 @@ __all__ = [
     "read_tree",
     "record",
 ]
+
+_public.export(__name__, globals(), __all__)

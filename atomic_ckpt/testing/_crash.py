@@ -19,11 +19,20 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from .. import CheckpointDir, SyncPolicy, _fs
-from ._recorder import _Recorder
-from ._results import MODELS, Checker, CrashState, DataFate, Failure, InvariantViolation, Report
-from ._states import _Candidate, _CrashStates, _Flat
-from .invariants import check_invariants
+from atomic_ckpt import CheckpointDir, SyncPolicy
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt.testing._recorder import _Recorder
+from atomic_ckpt.testing._results import (
+    MODELS,
+    Checker,
+    CrashState,
+    DataFate,
+    Failure,
+    InvariantViolation,
+    Report,
+)
+from atomic_ckpt.testing._states import _Candidate, _CrashStates, _Flat
+from atomic_ckpt.testing.invariants import check_invariants
 
 _TOKEN_RE = re.compile(r"[0-9a-f]{32}")
 _ROOT_NAME = "ckpts"
@@ -213,7 +222,7 @@ def _default_workdir() -> str | None:
 
 @contextlib.contextmanager
 def _replacing(mode: Replace) -> Iterator[None]:
-    """Make ``atomic_ckpt._fs.rename_exchange`` behave as ``mode`` says, for a recording."""
+    """Make the syscall module's ``rename_exchange`` behave as ``mode`` says, for a recording."""
     if mode == "exchange":
         yield
         return

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from .._names import ROOT_LOCK, parse_tmp
-from ._results import Op
+from atomic_ckpt._core.l1_names.names import ROOT_LOCK, parse_tmp
+from atomic_ckpt.testing._results import Op
 
 _Kind: TypeAlias = Literal["file", "dir", "symlink"]
 _UNIVERSE = 0  # the inode of the scratch directory that holds the root

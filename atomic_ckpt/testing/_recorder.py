@@ -1,5 +1,6 @@
-"""The recorder: hooks the library's filesystem calls (:mod:`atomic_ckpt._fs`) and its
-saves (``Commit.publish``, ``CheckpointDir.mark_complete``, ``_delete.move_aside``), and
+"""The recorder: hooks the library's filesystem calls
+(:mod:`atomic_ckpt._core.l2_syscalls.fs`) and its saves (``Commit.publish``,
+``CheckpointDir.mark_complete``, ``_delete.move_aside``), and
 logs each as operations on the model of the scratch tree."""
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import MARKER, TMP_INFIX, CheckpointDir, Commit, _amend, _delete, _fs, parse_step
-from .._names import TAG_OLD, parse_tmp
-from .._read import classify
-from .._root import Root
-from ._mirror import _Mirror
-from ._results import Tree, Version
+from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir, Commit, parse_step
+from atomic_ckpt._core.l1_names.names import TAG_OLD, parse_tmp
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l3_formats.read import classify
+from atomic_ckpt._core.l4_protocol import amend as _amend
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol.root import Root
+from atomic_ckpt.testing._mirror import _Mirror
+from atomic_ckpt.testing._results import Tree, Version
 
 _MARKER_TMP_PREFIX = MARKER + TMP_INFIX
 
@@ -92,7 +96,7 @@ class _Recorder(_Mirror):
                 out[step] = Version(step, "initial", read_tree(path), _read_marker_bytes(path))
         return out
 
-    # ---- the hooks on atomic_ckpt._fs
+    # ---- the hooks on atomic_ckpt._core.l2_syscalls.fs
 
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from .. import CheckpointDir, SyncPolicy
+from atomic_ckpt import CheckpointDir, SyncPolicy
 
 Model: TypeAlias = Literal["strict", "ext4", "subset"]
 MODELS: tuple[Model, ...] = ("strict", "ext4", "subset")
@@ -115,7 +115,7 @@ class Op:
     """entry ops: (name, inode or None for removed), applied atomically."""
     data: bytes = b""
     by: Literal["library", "observed"] = "library"
-    """``library``: a hooked call into ``atomic_ckpt._fs``; ``observed``: found by
+    """``library``: a hooked call into ``atomic_ckpt._core.l2_syscalls.fs``; ``observed``: found by
     comparing the tree with the model (the save function's writes, ``mkdir``)."""
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
-from ._mirror import _UNIVERSE
-from ._recorder import _Recorder, _Save
-from ._results import MODELS, DataFate, Expectation, Op, Version
+from atomic_ckpt.testing._mirror import _UNIVERSE
+from atomic_ckpt.testing._recorder import _Recorder, _Save
+from atomic_ckpt.testing._results import MODELS, DataFate, Expectation, Op, Version
 
 
 @dataclass(frozen=True)

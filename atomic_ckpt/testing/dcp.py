@@ -3,7 +3,7 @@
 A single-process DCP save (``no_dist``) run under :func:`~atomic_ckpt.testing.explore`
 records DCP's own writes (its shard files, ``.metadata`` and its rename) as the
 unsynced writes of a save function, and the writer's fsyncs and commit through the
-hooked :mod:`atomic_ckpt._fs`, so every crash state of a DCP save is checked::
+hooked :mod:`atomic_ckpt._core.l2_syscalls.fs`, so every crash state of a DCP save is checked::
 
     from atomic_ckpt.testing import explore
     from atomic_ckpt.testing.dcp import dcp_saver, loads_exactly
@@ -27,10 +27,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 
-from .. import CheckpointDir
-from ..dcp import AtomicWriter
-from ._results import Checker, CrashState
-from .invariants import check_invariants
+from atomic_ckpt import CheckpointDir
+from atomic_ckpt.dcp import AtomicWriter
+from atomic_ckpt.testing._results import Checker, CrashState
+from atomic_ckpt.testing.invariants import check_invariants
 
 __all__ = ["dcp_saver", "loads_exactly"]
 

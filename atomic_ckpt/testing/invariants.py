@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import MARKER, TMP_INFIX, CheckpointError, Manifest, parse_step
-from .._names import step_name
-from ._recorder import _read_marker_bytes, read_tree
-from ._results import CrashState, InvariantViolation
+from atomic_ckpt import MARKER, TMP_INFIX, CheckpointError, Manifest, parse_step
+from atomic_ckpt._core.l1_names.names import step_name
+from atomic_ckpt.testing._recorder import _read_marker_bytes, read_tree
+from atomic_ckpt.testing._results import CrashState, InvariantViolation
 
 __all__ = ["check_invariants"]
 

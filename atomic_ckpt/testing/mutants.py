@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import MARKER, SyncPolicy, _fs
+from atomic_ckpt import MARKER, SyncPolicy
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 
 __all__ = ["STEPS", "mutant"]
 

@@ -16,7 +16,7 @@ line is either there whole or not at all when the process is killed):
 * ``done``: the whole plan was committed.
 
 ``--kill-at N`` sends itself SIGKILL just before (or after) the Nth call of a
-hooked atomic_ckpt._fs function or of one of the save's file writes.
+hooked atomic_ckpt._core.l2_syscalls.fs function or of one of the save's file writes.
 """
 
 from __future__ import annotations

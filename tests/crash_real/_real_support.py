@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir, SyncPolicy, _fs
-from atomic_ckpt._names import ROOT_LOCK
+from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir, SyncPolicy
+from atomic_ckpt._core.l1_names.names import ROOT_LOCK
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 
 SOAK = os.environ.get("ATOMIC_CKPT_SOAK", "").strip() not in ("", "0")
 """``ATOMIC_CKPT_SOAK=1`` runs every enumeration in full and many more Hypothesis examples."""
 
 HOOKED = tuple(sorted(n for n in _fs.__all__ if callable(getattr(_fs, n))))
-"""Every function of atomic_ckpt._fs (the one module making the durability syscalls)."""
+"""Every function of the syscall module ``_core.l2_syscalls.fs`` (the durability syscalls)."""
 
 FSYNCS = ("fsync_fd", "fsync_file", "fsync_dir")
 
@@ -196,7 +197,7 @@ class FsHook:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[FsHook]:
-        """Patch atomic_ckpt._fs for the duration (calls inside _fs are hooked too)."""
+        """Patch the syscall module for the duration (calls inside _fs are hooked too)."""
         real = {name: getattr(_fs, name) for name in HOOKED}
 
         def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

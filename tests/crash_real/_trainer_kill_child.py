@@ -14,7 +14,7 @@ whole or absent when the process is killed):
 * ``ok PHASE``: phase PHASE of the operation returned;
 * ``done``: every phase returned.
 
-The hooked calls are every function of ``atomic_ckpt._fs``, ``os.replace`` (the
+The hooked calls are every function of ``atomic_ckpt._core.l2_syscalls.fs``, ``os.replace`` (the
 rename inside the marker's durable rewrite) and each file write of the body.
 """
 

@@ -1,7 +1,7 @@
 """Real I/O faults (issue 3, point 4).
 
 EIO and ENOSPC injected at every call a commit (or a prune) makes to
-atomic_ckpt._fs: the calls of one commit are enumerated first, then for each N
+atomic_ckpt._core.l2_syscalls.fs: the calls of one commit are enumerated first, then for each N
 a fresh root runs the same commit failing at call N. And a real full disk: a
 2 MiB tmpfs and a small loop-mounted ext4 filled during a save.
 """

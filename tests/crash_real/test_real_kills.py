@@ -2,7 +2,7 @@
 
 A child process (``_crash_child.py``) commits a seeded plan and reports each
 commit that returned. The parent SIGKILLs it at moments Hypothesis chooses, at
-every hooked call of atomic_ckpt._fs and every file write of the save (the
+every hooked call of atomic_ckpt._core.l2_syscalls.fs and every file write of the save (the
 child kills itself there), and at every fsync, rename and renameat2 syscall
 (``strace -e inject=SYSCALL:signal=SIGKILL:when=N``). Then, on the real
 filesystem: every complete step holds exactly its seeded bytes (I1), every

@@ -2,7 +2,7 @@
 
 A child process (``_trainer_kill_child.py``) runs one operation on a prepared
 root and kills itself just before or just after the Nth hooked call (every
-function of ``atomic_ckpt._fs``, ``os.replace``, each file write of the body),
+function of ``atomic_ckpt._core.l2_syscalls.fs``, ``os.replace``, each file write of the body),
 for every N the operation makes. Then, on the real filesystem:
 
 * every complete step verifies;
@@ -40,7 +40,7 @@ from _trainer_kill_child import (
 )
 
 from atomic_ckpt import BEST_LINK, MARKER, TMP_INFIX, CheckpointDir, CheckpointNotFoundError
-from atomic_ckpt._names import is_marker_name
+from atomic_ckpt._core.l1_names.names import is_marker_name
 
 CHILD = Path(__file__).with_name("_trainer_kill_child.py")
 WORKERS = 2

@@ -24,9 +24,9 @@ from ranks import Ctx, run_scenario
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-from atomic_ckpt import _fs
-from atomic_ckpt._dcp_files import _CreatedFiles
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.dcp import AtomicWriter, PendingSaveError, async_save, save
+from atomic_ckpt.dcp._files import _CreatedFiles
 from atomic_ckpt.distributed import resume
 
 TIMEOUT = 4.0

@@ -264,7 +264,7 @@ def test_staging_copies_into_the_cache_like_torch_does_on_several_threads(
 
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-    from atomic_ckpt import _dcp_copy
+    from atomic_ckpt.dcp import _copy as _dcp_copy
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: the copy runs on one thread")
@@ -325,7 +325,7 @@ def _record_writeback(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, i
     """Every start_writeback call as (offset, length, file size then); the real call made."""
     import os
 
-    from atomic_ckpt import _fs
+    from atomic_ckpt._core.l2_syscalls import fs as _fs
 
     calls: list[tuple[int, int, int]] = []
     real = _fs.start_writeback
@@ -347,7 +347,7 @@ def test_a_durable_save_starts_each_files_writeback_while_it_is_written(
     """Every WRITEBACK_CHUNK bytes the writer asks the kernel to start writing what DCP has
     written so far (so the fsync after the file waits for the tail only): consecutive ranges
     from offset 0, each already in the file when asked; the checkpoint is unchanged."""
-    from atomic_ckpt import _dcp_files
+    from atomic_ckpt.dcp import _files as _dcp_files
 
     monkeypatch.setattr(_dcp_files, "WRITEBACK_CHUNK", 64 << 10)  # where it is read
     calls = _record_writeback(monkeypatch)
@@ -373,7 +373,7 @@ def test_a_non_durable_root_starts_no_writeback(
 ) -> None:
     """durable=False promises nothing on disk, so the writer does not push data there early
     (while the same save into a durable root does: the patched chunk size is the one read)."""
-    from atomic_ckpt import _dcp_files
+    from atomic_ckpt.dcp import _files as _dcp_files
 
     monkeypatch.setattr(_dcp_files, "WRITEBACK_CHUNK", 1)  # where it is read
     calls = _record_writeback(monkeypatch)
@@ -392,7 +392,7 @@ def test_start_writeback_is_a_hint_that_reports_whether_it_was_taken(tmp_path: P
     import os
     import sys
 
-    from atomic_ckpt import _fs
+    from atomic_ckpt._core.l2_syscalls import fs as _fs
 
     path = tmp_path / "f"
     with open(path, "wb") as f:

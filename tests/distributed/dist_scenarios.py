@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from ranks import Ctx, run_scenario
 
-from atomic_ckpt import DistributedCommitError, RetentionPolicy, _fs
+from atomic_ckpt import DistributedCommitError, RetentionPolicy
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.distributed import distributed_commit, load_dcp, rank_path, resume
 
 TIMEOUT = 4.0
@@ -240,8 +241,8 @@ def resume_unmarked(ctx: Ctx) -> Any:
 
 
 def count_fsyncs() -> dict[str, int]:
-    """Count this process's fsyncs from now on, by wrapping ``atomic_ckpt._fs.fsync_fd``
-    (every fsync of the library goes through it); returns the live counter."""
+    """Count this process's fsyncs from now on, by wrapping the syscall module's
+    ``fsync_fd`` (every fsync of the library goes through it); returns the live counter."""
     counts = {"fsync": 0}
     real = _fs.fsync_fd
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from atomic_ckpt import CheckpointDir, _fs
+from atomic_ckpt import CheckpointDir
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 
 
 def tree(top: Path) -> Path:

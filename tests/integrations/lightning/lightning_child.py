@@ -55,7 +55,7 @@ POINTS = {
 
 def arm(point: str, nth: int, marker: Path) -> None:
     """Install the kill hook for ``point``: SIGKILL at its ``nth`` occurrence."""
-    from atomic_ckpt import _fs
+    from atomic_ckpt._core.l2_syscalls import fs as _fs
 
     seen = [0]
 

@@ -25,8 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import atomic_ckpt.integrations.lightning as integration
-from atomic_ckpt import _fs
-from atomic_ckpt._onefile import _TEMP_RE
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l4_protocol.onefile import _TEMP_RE
 from atomic_ckpt.integrations.lightning import classes_for
 
 PACKAGES = ["lightning", "pytorch_lightning"]

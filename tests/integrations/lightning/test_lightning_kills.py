@@ -18,7 +18,7 @@ pytest.importorskip("pytorch_lightning", reason="needs pytorch-lightning (the te
 import torch
 from lightning_runs import Runs
 
-from atomic_ckpt._onefile import _TEMP_RE
+from atomic_ckpt._core.l4_protocol.onefile import _TEMP_RE
 
 EPOCHS = 6
 """Epochs of 4 steps; a checkpoint at the end of each (top 2 by step, last linked)."""

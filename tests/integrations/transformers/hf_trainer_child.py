@@ -42,7 +42,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
-import atomic_ckpt._fs  # noqa: E402
+import atomic_ckpt._core.l2_syscalls.fs  # noqa: E402
 from atomic_ckpt.integrations.transformers import AtomicTrainer, last_checkpoint  # noqa: E402
 
 VOCAB = 64
@@ -88,23 +88,23 @@ def install_kill(out: Path, point: str, n: int) -> None:
 
         torch.save = torch_save
     elif point == "promote":
-        real_rename = atomic_ckpt._fs.rename_noreplace
+        real_rename = atomic_ckpt._core.l2_syscalls.fs.rename_noreplace
 
         def rename_noreplace(src: Any, dst: Any) -> None:
             if ".tmp-" in os.path.basename(src) and reached():
                 die()
             real_rename(src, dst)
 
-        atomic_ckpt._fs.rename_noreplace = rename_noreplace
+        atomic_ckpt._core.l2_syscalls.fs.rename_noreplace = rename_noreplace
     elif point == "retain":
-        real_remove = atomic_ckpt._fs.remove_tree
+        real_remove = atomic_ckpt._core.l2_syscalls.fs.remove_tree
 
         def remove_tree(path: Any) -> None:
             if ".del-" in os.path.basename(path) and reached():
                 die()
             real_remove(path)
 
-        atomic_ckpt._fs.remove_tree = remove_tree
+        atomic_ckpt._core.l2_syscalls.fs.remove_tree = remove_tree
     else:
         raise SystemExit(f"unknown kill point {point}")
 

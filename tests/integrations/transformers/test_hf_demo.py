@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from atomic_ckpt import CheckpointDir
-from atomic_ckpt._demo_trainer import run_trainer_demo
+from atomic_ckpt.cli.demo.trainer import run_trainer_demo
 
 
 def test_trainer_demo_kills_mid_save_and_resumes_bit_identical(

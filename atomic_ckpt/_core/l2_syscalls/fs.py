@@ -1,0 +1,401 @@
+"""The one module that makes the durability syscalls.
+
+Everything that must reach stable storage (fsync of a file or directory, the
+atomic renames, the durable write of a small file) goes through here, so the
+fault-injection and power-loss tests hook exactly one place.
+
+Platform choices are made once, at import:
+
+* Linux: ``fsync``; ``renameat2(2)`` through ctypes for ``RENAME_NOREPLACE``
+  and ``RENAME_EXCHANGE``.
+* macOS: ``fcntl(F_FULLFSYNC)``, because plain ``fsync`` there only hands the
+  data to the drive, which may keep it in a volatile cache.
+* Windows: directories cannot be opened for fsync, so directory fsync is a
+  no-op there; renames use ``os.rename``/``os.replace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import platform
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from atomic_ckpt._core.l1_names.names import MARKER
+
+__all__ = [
+    "EXCHANGE_UNSUPPORTED",
+    "fsync_dir",
+    "fsync_fd",
+    "fsync_file",
+    "link_or_copy",
+    "makedirs",
+    "mkdir",
+    "remove_tree",
+    "rename",
+    "rename_exchange",
+    "rename_noreplace",
+    "replace_by_moving_aside",
+    "start_writeback",
+    "symlink",
+    "symlink_replace",
+    "unlink",
+    "write_file_durable",
+]
+
+EXCHANGE_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.ENOTSUP})
+"""errnos meaning "this kernel or filesystem cannot do renameat2 with flags"."""
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276, "ppc64le": 357, "s390x": 347}
+
+_CAN_FSYNC_DIRS = sys.platform != "win32"
+_FULLFSYNC: int | None = (
+    getattr(__import__("fcntl"), "F_FULLFSYNC", None) if (sys.platform == "darwin") else None
+)
+
+
+def _load_renameat2() -> Callable[[bytes, bytes, int], int] | None:
+    """A callable ``(old, new, flags) -> 0 or -1`` for renameat2, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:  # glibc >= 2.28
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+
+        def via_libc(old: bytes, new: bytes, flags: int) -> int:
+            return int(fn(_AT_FDCWD, old, _AT_FDCWD, new, flags))
+
+        return via_libc
+    nr = _SYS_RENAMEAT2.get(platform.machine())
+    if nr is None:
+        return None
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+
+    def via_syscall(old: bytes, new: bytes, flags: int) -> int:
+        return int(
+            syscall(
+                ctypes.c_long(nr),
+                ctypes.c_int(_AT_FDCWD),
+                ctypes.c_char_p(old),
+                ctypes.c_int(_AT_FDCWD),
+                ctypes.c_char_p(new),
+                ctypes.c_uint(flags),
+            )
+        )
+
+    return via_syscall
+
+
+_renameat2 = _load_renameat2()
+
+
+def _load_sync_file_range() -> Callable[[int, int, int], int] | None:
+    """A callable ``(fd, offset, length) -> 0 or -1`` starting writeback, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "sync_file_range", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, length: int) -> int:
+        return int(fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE))
+
+    return start
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range = _load_sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Ask the kernel to start writing ``length`` bytes of ``fd`` from ``offset`` to disk,
+    without waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``).
+
+    A hint, never a durability step: it flushes no metadata and no drive cache, so
+    the file's fsync must still follow. It lets the disk work while the writer is
+    still producing data, so that fsync has less left to wait for. Returns False
+    where it is not available (other systems, a file that does not support it);
+    a write error is not reported here but by the fsync that follows.
+    """
+    if _sync_file_range is None or length <= 0:
+        return False
+    return _sync_file_range(fd, offset, length) == 0
+
+
+def start_file_writeback(path: str | os.PathLike[str], offset: int = 0, length: int = 0) -> bool:
+    """:func:`start_writeback` for ``length`` bytes from ``offset`` (0: to the end) of the
+    regular file ``path``, opened by path, never through a symlink. A hint: False,
+    not an OSError, when it could not be taken (the fsync that must follow reports
+    any problem)."""
+    if _sync_file_range is None:
+        return False
+    try:
+        # O_NONBLOCK: a FIFO swapped in for the file must not hang the commit here.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        return start_writeback(fd, offset, length or st.st_size - offset)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def fsync_fd(fd: int) -> None:
+    """Flush one open file's data and metadata to stable storage."""
+    if _FULLFSYNC is not None:
+        import fcntl
+
+        fcntl.fcntl(fd, _FULLFSYNC)
+    else:
+        os.fsync(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync a regular file by path (never following a symlink)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fsync_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory, which makes the entries created, renamed or removed in it durable.
+
+    A no-op where directories cannot be fsynced (Windows).
+    """
+    if not _CAN_FSYNC_DIRS:
+        return
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fsync_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _renameat2_or_raise(src: Path, dst: Path, flags: int) -> None:
+    assert _renameat2 is not None
+    if _renameat2(os.fsencode(src), os.fsencode(dst), flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(src), None, str(dst))
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``, failing with FileExistsError if ``dst`` exists.
+
+    Linux uses ``renameat2(RENAME_NOREPLACE)``, which is atomic. Where the kernel
+    or filesystem refuses it, the fallback checks then renames; callers hold the
+    root lock, so no writer of this library can race the check.
+    """
+    if _renameat2 is not None:
+        try:
+            _renameat2_or_raise(src, dst, _RENAME_NOREPLACE)
+            return
+        except OSError as exc:
+            if exc.errno not in EXCHANGE_UNSUPPORTED:
+                raise
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
+
+
+def rename_exchange(a: Path, b: Path) -> None:
+    """Atomically swap two names with ``renameat2(RENAME_EXCHANGE)``.
+
+    Raises OSError with an errno in :data:`EXCHANGE_UNSUPPORTED` where the
+    platform, kernel or filesystem cannot; the caller falls back.
+    """
+    if _renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available on this platform", str(a))
+    _renameat2_or_raise(a, b, _RENAME_EXCHANGE)
+
+
+def rename(src: Path, dst: Path) -> None:
+    """A plain rename (replaces an empty directory or a file at ``dst``)."""
+    os.rename(src, dst)
+
+
+def replace_by_moving_aside(staging: Path, final: Path, aside: Path, *, repair: str) -> None:
+    """Replace ``final`` with ``staging`` where the filesystem cannot exchange them: the old
+    copy is renamed to ``aside``, then ``staging`` to ``final``. Between the two there is no
+    ``final``; if the second rename fails the old copy is moved back, and if that fails
+    too the error says where it is and what brings it back (``repair``)."""
+    rename(final, aside)
+    try:
+        rename_noreplace(staging, final)
+    except BaseException as exc:
+        try:
+            rename(aside, final)
+        except OSError as undo:
+            exc.add_note(
+                f"atomic_ckpt: moving the old copy back to {final} also failed ({undo!r}); "
+                f"it is intact at {aside}, and {repair}"
+            )
+        raise
+
+
+def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool) -> None:
+    """Write ``data`` to ``path``: through ``tmp`` (fsynced, then renamed) when given.
+
+    The file is always a new one (``O_EXCL | O_NOFOLLOW``): without ``tmp``,
+    whatever sat at ``path`` is unlinked first, so a hard link, a symlink or a FIFO
+    planted there is replaced, never written through. The directory holding
+    ``path`` is not fsynced here; the caller does it once. If anything fails,
+    ``tmp`` is removed (a stray temporary is never left behind).
+    """
+    target = tmp if tmp is not None else path
+    if tmp is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(target, flags, 0o666)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                fsync_fd(fd)
+        finally:
+            os.close(fd)
+        if tmp is not None:
+            os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
+_NO_LINK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+"""errnos meaning "this filesystem (or this file) cannot take another hard link"."""
+
+
+def link_or_copy(src: Path, dst: Path) -> bool:
+    """Make ``dst`` a hard link to the regular file ``src``, or a copy where the
+    filesystem refuses links; True if it had to copy (the copy is not fsynced here).
+
+    Never follows a symlink at ``src``.
+    """
+    try:
+        os.link(src, dst, follow_symlinks=False)
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd_in = os.open(src, flags)
+    try:
+        fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            while os.sendfile(fd_out, fd_in, None, 1 << 30):
+                pass
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+    return True
+
+
+def mkdir(path: Path) -> None:
+    """Create one directory; its mode follows the umask, like any ``mkdir``."""
+    os.mkdir(path)
+
+
+def unlink(path: Path) -> None:
+    """Remove one file or symlink (never a directory)."""
+    os.unlink(path)
+
+
+def symlink(target: str, link: Path) -> None:
+    """Create the symlink ``link`` pointing at ``target`` (never followed here)."""
+    os.symlink(target, link)
+
+
+def symlink_replace(target: str, link: Path, tmp: Path) -> None:
+    """Point the symlink ``link`` at ``target`` atomically: a new link at ``tmp``, renamed over.
+
+    The directory is not fsynced here; the caller does it. On failure ``tmp`` is gone
+    and ``link`` is untouched.
+    """
+    os.symlink(target, tmp)
+    try:
+        rename(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def makedirs(path: Path) -> list[Path]:
+    """``mkdir -p path``; return the directories that were missing, outermost first.
+
+    The caller fsyncs the parent of each: a directory's entry lives in its parent,
+    and without that fsync a power loss can drop a freshly created root together
+    with every checkpoint committed into it.
+    """
+    missing: list[Path] = []
+    p = path
+    while not os.path.lexists(p) and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree without following symlinks; a missing path is fine.
+
+    The marker goes first, so a tree interrupted halfway never looks complete.
+    Iterative, so a legally deep tree (thousands of levels) is removed too.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        os.unlink(path / MARKER)
+    # Depth first, children before their parent: (directory, its children are gone).
+    stack: list[tuple[str, bool]] = [(os.fspath(path), False)]
+    while stack:
+        directory, emptied = stack.pop()
+        if emptied:
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(directory)
+            continue
+        stack.append((directory, True))
+        try:
+            it = os.scandir(directory)
+        except FileNotFoundError:
+            continue
+        with it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)

@@ -1,0 +1,252 @@
+"""Verify a checkpoint against its manifest in one pass: walk the tree, hash each
+file as it is found (in parallel, each file read once), parse the file list
+meanwhile, then compare; report every mismatch, with progress. Read-only."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import stat
+import threading
+from concurrent.futures import Future, wait
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from atomic_ckpt._core.l1_names.errors import ManifestError, VerificationError
+from atomic_ckpt._core.l1_names.names import MARKER, is_marker_name
+from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file, hashed_size
+from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest
+from atomic_ckpt._core.l3_formats.read import PROGRESS_INTERVAL, Checkpoint, Progress
+from atomic_ckpt._core.l3_formats.tree import Workers, walk
+
+log = logging.getLogger(__name__)
+
+
+def verify(ckpt: Checkpoint, *, workers: int, progress: Progress | None = None) -> None:
+    """Check every entry of ``ckpt``'s manifest against the disk, and that nothing was added.
+
+    One pass over the tree as it is on disk: it is walked (never through a
+    symlink) and its regular files are hashed on ``workers`` threads as they are
+    found, each read once (opened without following a symlink or blocking on a
+    FIFO; its size is what was read), while the manifest's file list is parsed;
+    then the two are compared. Files that are not in the manifest are read too
+    (they are reported as added). Raises one :class:`VerificationError` listing every
+    problem (missing, wrong type, size or checksum, unexpected entries; or a
+    damaged marker body, with the :class:`ManifestError` as its cause). A legacy
+    (empty) marker has nothing to check against.
+
+    ``progress(done, total)`` is called in the calling thread with the bytes of
+    regular files checked so far and their total (the manifest's sizes): once
+    at the start, about every :data:`PROGRESS_INTERVAL` seconds, and once at the
+    end with ``done == total``.
+    """
+    m = ckpt.manifest
+    if m.legacy:
+        if progress is not None:
+            progress(0, 0)
+        return
+    found: list[tuple[Path, str]] = []  # (the path at fault, what is wrong)
+    if m.step is not None and m.step != ckpt.step:
+        found.append(
+            (ckpt.path, f"manifest records step {m.step}, but the directory is step {ckpt.step}")
+        )
+    algorithm = m.checksum
+    if algorithm is not None and algorithm not in CHECKSUMS:
+        found.append((ckpt.path, f"cannot check checksums of algorithm {algorithm!r} here"))
+        algorithm = None
+    meter = None if progress is None else _Meter(m.total_size)  # the header's: nothing parsed
+    if progress is not None and meter is not None:
+        progress(0, meter.total)
+    top = os.fspath(ckpt.path)
+    with Workers(workers) as pool:
+        disk, jobs, listing_error = _walk_and_hash(
+            pool, top, m=m, algorithm=algorithm, meter=meter, workers=workers
+        )
+        if listing_error is not None:
+            found.append((ckpt.path, f"cannot list the checkpoint: {listing_error}"))
+        try:  # parsed here, while the workers read
+            files = m.files
+        except ManifestError as exc:
+            damaged = f"{ckpt.path / MARKER}: {exc}"
+            raise VerificationError(
+                damaged, path=ckpt.path / MARKER, step=ckpt.step, problems=(damaged,)
+            ) from exc
+        if progress is not None and meter is not None:
+            pending = set(jobs)
+            while pending:
+                pending = wait(pending, timeout=PROGRESS_INTERVAL).not_done
+                progress(min(meter.done, meter.total), meter.total)
+        for job in jobs:
+            hashed = pool.result(job)
+            disk.update(hashed)
+    if progress is not None and meter is not None and meter.done < meter.total:
+        progress(meter.total, meter.total)  # files not read (missing, no checksum) count too
+    for entry in files:
+        problem = _compare(top, entry, disk.get(entry.path), algorithm)
+        if problem is not None:
+            found.append((ckpt.path / entry.path, problem))
+    listed = {e.path for e in files}
+    found += [
+        (ckpt.path / rel, "not in the manifest (added after the commit)")
+        for rel in disk
+        if rel not in listed
+    ]
+    if found:
+        problems = tuple(f"{path}: {why}" for path, why in found)
+        more = f" (and {len(found) - 1} more: see .problems)" if len(found) > 1 else ""
+        raise VerificationError(
+            problems[0] + more, path=found[0][0], step=ckpt.step, problems=problems
+        )
+
+
+class _OnDisk(NamedTuple):
+    """What verify found at one path: its kind and, for a regular file, size and digest."""
+
+    kind: Literal["file", "dir", "symlink", "other"]
+    size: int = 0
+    digest: str | None = None
+    error: str | None = None
+    """Why a regular file could not be read (it vanished, EACCES, ...)."""
+
+
+_DIR, _SYMLINK, _OTHER = _OnDisk("dir"), _OnDisk("symlink"), _OnDisk("other")
+
+
+_BATCH_FILES = 64
+_LARGE = 8 << 20
+
+
+def _walk_and_hash(
+    pool: Workers,
+    top: str,
+    *,
+    m: Manifest,
+    algorithm: str | None,
+    meter: _Meter | None,
+    workers: int,
+) -> tuple[dict[str, _OnDisk], list[Future[list[tuple[str, _OnDisk]]]], OSError | None]:
+    """Walk ``top``; hand its regular files to ``pool`` in batches as they are found.
+
+    A job per 64 KiB file cost more in thread handoffs than hashing it, so small
+    files go in batches of consecutive names (at least four jobs a thread, at
+    most 64 files, one file a job once they average 8 MiB: the manifest's header
+    tells), keeping as many reads in flight as there are threads.
+    """
+    count = max(m.file_count, 1)
+    per_job = (
+        1 if m.total_size // count >= _LARGE else max(1, min(_BATCH_FILES, count // (4 * workers)))
+    )
+    disk: dict[str, _OnDisk] = {}
+    jobs: list[Future[list[tuple[str, _OnDisk]]]] = []
+    batch: list[str] = []
+    error: OSError | None = None
+    try:
+        for rel, de in walk(Path(top), is_marker_name):
+            if de.is_dir(follow_symlinks=False):
+                disk[rel] = _DIR
+            elif de.is_symlink():
+                disk[rel] = _SYMLINK
+            elif de.is_file(follow_symlinks=False):
+                batch.append(rel)
+                if len(batch) >= per_job:
+                    jobs.append(pool.submit(functools.partial(_hash, top, batch, algorithm, meter)))
+                    batch = []
+            else:
+                disk[rel] = _OTHER
+    except OSError as exc:
+        error = exc
+    if batch:
+        jobs.append(pool.submit(functools.partial(_hash, top, batch, algorithm, meter)))
+    return disk, jobs, error
+
+
+def _hash(
+    top: str, batch: list[str], algorithm: str | None, meter: _Meter | None
+) -> list[tuple[str, _OnDisk]]:
+    """Size and checksum of each regular file of ``batch`` (as a worker job).
+
+    Kept lean: with many threads on few cores the GIL serializes this Python
+    code, and a cold read of many small files shows every microsecond of it.
+    """
+    out = []
+    lstat, is_regular, on_read = os.lstat, stat.S_ISREG, None if meter is None else meter.add
+    for rel in batch:
+        path = f"{top}/{rel}"  # strings: pathlib's joins cost more than a small file's hash
+        try:
+            digest = size = None
+            if algorithm is not None:
+                # Opened without following a symlink and without blocking (a FIFO put
+                # in the file's place since the walk reads as empty); its size is what
+                # was read up to the end, so no lstat of its own.
+                if on_read is None:  # (a plain call: the tests wrap checksum_file)
+                    digest = checksum_file(path, algorithm)
+                else:
+                    digest = checksum_file(path, algorithm, on_read=on_read)
+                size = hashed_size()
+            if size is None:
+                st = lstat(path)  # the walk saw a regular file; it may have changed since
+                if not is_regular(st.st_mode):
+                    out.append((rel, _OTHER))
+                    continue
+                size = st.st_size
+            out.append((rel, _OnDisk("file", size, digest)))
+        except OSError as exc:
+            out.append((rel, _OnDisk("file", error=exc.strerror or str(exc))))
+    return out
+
+
+def _compare(
+    top: str, entry: FileEntry, found: _OnDisk | None, algorithm: str | None
+) -> str | None:
+    """Why ``entry`` does not match what the walk ``found`` at its path, or None."""
+    if found is None:
+        return _why_missing(top, entry.path)
+    if entry.type == "dir":
+        return None if found.kind == "dir" else "should be a directory"
+    if entry.type == "symlink":
+        if found.kind != "symlink":
+            return "should be a symlink"
+        try:
+            points_to = os.readlink(f"{top}/{entry.path}")
+        except OSError as exc:
+            return f"cannot be read: {exc.strerror}"
+        if points_to != entry.target:
+            return f"symlink points to {points_to!r}, not {entry.target!r}"
+        return None
+    if found.kind != "file":
+        return "should be a regular file"
+    if found.error is not None:
+        return f"cannot be read: {found.error}"
+    if found.size != entry.size:
+        return f"size is {found.size}, manifest says {entry.size}"
+    if algorithm is not None and entry.checksum is not None and found.digest != entry.checksum:
+        return f"{algorithm} checksum is {found.digest}, manifest says {entry.checksum}"
+    return None
+
+
+def _why_missing(top: str, rel: str) -> str:
+    """The message for a manifest entry the walk did not find."""
+    current = top
+    for part in rel.split("/")[:-1]:
+        current = f"{current}/{part}"
+        try:
+            st = os.lstat(current)
+        except OSError:
+            return "missing (its directory is gone)"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{part} on its path is not a directory"
+    return "missing"
+
+
+class _Meter:
+    """Bytes read so far, added to by the verify threads."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n

@@ -1,0 +1,89 @@
+"""Adopt a directory written without this library (``mark_complete``): the protocol
+without a rename, where the marker's own rename is the commit point."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+from typing import SupportsIndex
+
+from atomic_ckpt._core.l1_names.errors import (
+    CheckpointNotFoundError,
+    ManifestError,
+    StepConflictError,
+)
+from atomic_ckpt._core.l1_names.names import MARKER_TMP_PREFIX, is_marker_name, new_token
+from atomic_ckpt._core.l3_formats.manifest import Manifest
+from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
+from atomic_ckpt._core.l3_formats.tree import sync_tree
+from atomic_ckpt._core.l4_protocol.root import Root, check_step
+from atomic_ckpt._version import __version__
+
+
+def adopt(root: Root, step: SupportsIndex) -> Checkpoint:
+    """``mark_complete``: write a manifest marker into a directory written without us.
+
+    The tree is fsynced and hashed outside the root lock (it may be large, and a
+    concurrent commit must not time out waiting); the marker is written under it,
+    after checking that the directory is still the one that was hashed.
+    """
+    step = check_step(step)
+    path = root.path / root.name_of(step)
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(
+            f"{path} does not exist: nothing to mark complete", path=path, step=step
+        ) from None
+    if not stat.S_ISDIR(before.st_mode):
+        raise StepConflictError(
+            f"{path} is not a directory: only a checkpoint directory can be marked",
+            path=path,
+            step=step,
+        )
+    existing = _valid_manifest(path)
+    if existing is not None:
+        return Checkpoint(step, path, existing)
+    files = sync_tree(
+        path, policy=root.sync, checksum=root.checksum, workers=root.workers, skip=is_marker_name
+    )
+    manifest = Manifest(
+        step=step,
+        files=tuple(files),
+        created=time.time(),
+        library_version=__version__,
+        checksum=root.checksum,
+        metadata={"adopted": True},
+    )
+    with root.locked():
+        try:
+            now: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            now = None
+        if now is None or not os.path.samestat(before, now):
+            raise CheckpointNotFoundError(
+                f"{path} was removed or replaced while it was being marked complete",
+                path=path,
+                step=step,
+            )
+        existing = _valid_manifest(path)
+        if existing is not None:  # another process adopted it meanwhile
+            return Checkpoint(step, path, existing)
+        # No rename follows: the marker is the commit point, so the entries of the
+        # directory must be durable before the marker's rename is.
+        root.sync.staging(path)
+        root.sync.marker(path, manifest.to_bytes(), tmp=path / (MARKER_TMP_PREFIX + new_token()))
+        root.sync.staging(path)
+        # The directory's own entry in the root: a legacy writer may have just made it.
+        root.sync.root(root.path)
+    return Checkpoint(step, path, manifest)
+
+
+def _valid_manifest(path: Path) -> Manifest | None:
+    try:
+        existing = read_marker(path)
+    except ManifestError:
+        return None  # an unreadable marker is replaced by a valid one
+    return existing if existing is not None and not existing.legacy else None

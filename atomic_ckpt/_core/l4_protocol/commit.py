@@ -1,0 +1,414 @@
+"""The commit protocol: :func:`begin` (steps 1-2), :meth:`Commit.publish` (steps 3-7)
+and :meth:`Commit.abort`. (Adopting a directory in place is :mod:`._adopt`.)
+
+:meth:`Commit._protocol` reads top to bottom exactly as ``PROTOCOL.md``
+numbers the steps. Which fsyncs reach the disk is the root's
+:class:`~atomic_ckpt.SyncPolicy`'s business, so the order is all there is here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+import time
+import weakref
+from collections.abc import Collection
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, SupportsIndex
+
+from atomic_ckpt._core.l1_names.errors import CommitStateError, NotDurableError, StagingLostError
+from atomic_ckpt._core.l1_names.names import MARKER, TAG_OLD, is_marker_name, parse_tmp
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls import locks as _locks
+from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
+from atomic_ckpt._core.l3_formats.read import Checkpoint
+from atomic_ckpt._core.l3_formats.tree import sync_tree
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import repair as _repair
+from atomic_ckpt._core.l4_protocol import stage as _stage
+from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
+from atomic_ckpt._core.l4_protocol.root import Root, check_step
+from atomic_ckpt._version import __version__
+
+log = logging.getLogger(__name__)
+
+State = Literal["open", "published", "aborted"]
+
+
+class Commit:
+    """One commit in progress: a staging directory that :meth:`publish` promotes to the
+    step's directory, atomically and durably, or :meth:`abort` removes.
+
+    Made by :meth:`CheckpointDir.begin <atomic_ckpt.CheckpointDir.begin>`, for code that
+    cannot wrap its save in a ``with`` block (a storage writer, a multi-rank or an
+    asynchronous save). Used as a context manager it publishes on a normal exit and
+    aborts on an exception. :meth:`abort` is idempotent and a no-op after
+    :meth:`publish`, so it is safe in a ``finally``. Only the process that began a
+    commit can end it: in a child forked meanwhile, :meth:`publish` raises
+    :class:`~atomic_ckpt.CommitStateError` and :meth:`abort` does nothing.
+    """
+
+    def __init__(
+        self,
+        root: Root,
+        step: int | None,
+        name: str,
+        staging: Path,
+        lock: _locks.Lock,
+        *,
+        metadata: dict[str, Any],
+        retain: RetentionPolicy | None,
+        aliases: list[str],
+    ) -> None:
+        self._root = root
+        self._lock = lock
+        self._pid = os.getpid()
+        self._state: State = "open"
+        self._promoted = False
+        self._old: Path | None = None
+        self._checkpoint: Checkpoint | None = None
+        self._step = step
+        self.name = name
+        """The directory name it is committed under (the step's, or the checkpoint's name)."""
+        self.path = staging
+        """The staging directory: write the checkpoint's files here."""
+        self.final = root.path / name
+        """Where the checkpoint appears once published."""
+        self.metadata = metadata
+        """The manifest's metadata: a dict that may change until :meth:`publish`."""
+        self.retain = retain
+        """A retention policy applied once the commit is durable, or None."""
+        self.aliases = aliases
+        """Symlinks in the root that will name the checkpoint (replaced with the promotion)."""
+        # Holding the staging dir open pins its identity (its inode cannot be reused),
+        # so a save that deletes it and makes a new one is always noticed.
+        self._fd: int | None = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _OPEN[(root.path, name)] = self
+
+    def __repr__(self) -> str:
+        return f"Commit({self.name!r}, path={str(self.path)!r}, state={self._state!r})"
+
+    @property
+    def step(self) -> int:
+        """The step being committed (CommitStateError for a named checkpoint's commit)."""
+        if self._step is None:
+            raise CommitStateError(f"the commit of {self.name!r} is a named one: it has no step")
+        return self._step
+
+    @property
+    def state(self) -> State:
+        """``open``, ``published`` or ``aborted``."""
+        return self._state
+
+    def publish(self, files: list[FileEntry] | None = None) -> Checkpoint:
+        """Make the staging directory durable and promote it; return the new checkpoint.
+
+        ``files``: the manifest entries, when the caller has already fsynced (and
+        hashed) every file itself (a multi-rank commit); by default the tree is
+        walked, fsynced and hashed here. On failure the staging directory is
+        removed (nothing else is touched) and the error propagates. Calling it
+        again after it succeeded returns the same checkpoint.
+        """
+        if self._state == "published" and self._checkpoint is not None:
+            return self._checkpoint
+        if self._step is None:
+            raise CommitStateError(
+                f"the commit of {self.name!r} is a named one: it ends with commit_named()",
+                path=self.path,
+            )
+        manifest = self.finish(files)
+        checkpoint = self._checkpoint = Checkpoint(self.step, self.final, manifest)
+        return checkpoint
+
+    def finish(self, files: list[FileEntry] | None = None) -> Manifest:
+        """:meth:`publish` for any commit (named ones too); returns the manifest written."""
+        self._require_open("publish")
+        try:
+            self._check_staging()
+            metadata = check_metadata(self.metadata)
+            manifest = self._protocol(files, metadata)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self._state = "published"
+        if self.retain is not None:
+            try:
+                _delete.retain(self._root, self.retain)
+            except BaseException as exc:
+                exc.add_note(
+                    f"atomic_ckpt: {self.name} was committed and is durable; only "
+                    "applying the retention policy failed"
+                )
+                raise
+        return manifest
+
+    def _protocol(self, files: list[FileEntry] | None, metadata: dict[str, Any]) -> Manifest:
+        """The commit protocol, PROTOCOL.md steps 3 to 7, in order."""
+        root, sync, staging, final = self._root, self._root.sync, self.path, self.final
+        written: list[Manifest] = []
+
+        def write_marker(entries: list[FileEntry]) -> None:
+            # 4. The marker: the manifest, its data fsynced (written in place: nothing
+            #    in a staging dir is visible before the rename); then fsync the staging
+            #    dir, which makes every entry of it durable, the marker's among them.
+            manifest = Manifest(
+                step=self._step,
+                files=tuple(entries),
+                created=time.time(),
+                library_version=__version__,
+                checksum=root.checksum,
+                metadata=metadata,
+            )
+            sync.marker(staging, manifest.to_bytes(), tmp=None)
+            sync.staging(staging)
+            written.append(manifest)
+
+        # 3. fsync every regular file and subdirectory of the tree, hashing the files;
+        #    step 4 runs as soon as the checksums are known, while the flushes may still
+        #    be in flight (the rename waits for both). A multi-rank commit passes
+        #    ``files``: its ranks have done step 3 for what each wrote.
+        if files is None:
+            sync_tree(
+                staging,
+                policy=sync,
+                checksum=root.checksum,
+                workers=root.workers,
+                skip=is_marker_name,
+                then=write_marker,
+                mapped=True,  # the caller's own files, written before the block ended
+            )
+        else:
+            write_marker(files)
+        (manifest,) = written
+        # 5. Promote, under the root lock: rename (a new step) or exchange (a replace).
+        with root.locked():
+            _repair.restore_asides(root)
+            _stage.check_target(final, self._step)
+            _delete.check_aliases_free(root, self.aliases)  # before anything changes
+            old = self._old = _stage.promote(root, staging, final)
+            self._promoted = True
+            # The aliases follow the rename at once (a crash between the two leaves an
+            # alias missing or naming this step's older version, never dangling).
+            _delete.point_aliases(root, self.aliases, final.name)
+            # 6. fsync the root: this makes the rename (and the aliases) durable.
+            try:
+                sync.root(root.path)
+            except OSError as exc:
+                raise NotDurableError(
+                    f"checkpoint {final} was promoted and is visible, but fsync of "
+                    f"{root.path} failed ({exc}): it may not survive a power loss. "
+                    + (f"The old copy is kept at {old} for clean(). " if old else "")
+                    + "Check the disk, then commit this step again",
+                    path=final,
+                    step=self._step,
+                ) from exc
+        # 7. Remove the old copy, if any: it sits under a name the scanner ignores.
+        if old is not None:
+            try:
+                _fs.remove_tree(old)
+            except OSError as exc:
+                log.warning("could not remove old copy %s (%s); clean() will", old, exc)
+        try:
+            self._close(leaving=old)
+        except OSError as exc:
+            # The root fsync returned, but the filesystem fails the next call: some
+            # (xfs after a forced shutdown) report success for an fsync they could
+            # not make durable. Say so rather than claim durability.
+            raise NotDurableError(
+                f"checkpoint {final} was promoted, but the filesystem failed right after "
+                f"({exc}): it may not survive a power loss. Check the disk, then commit "
+                "this step again",
+                path=final,
+                step=self._step,
+            ) from exc
+        return manifest
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Give the commit up: remove the staging directory, touch nothing else.
+
+        A no-op once the commit was published or aborted, or in a process other
+        than the one that began it. A failure to clean up is attached to ``exc``
+        as a note when given (never raised instead of it), else raised.
+        """
+        if self._state != "open" or os.getpid() != self._pid:
+            return
+        carrier = exc if exc is not None else CommitStateError("aborted", step=self._step)
+        self._fail(carrier)
+        notes = getattr(carrier, "__notes__", None)
+        if exc is None and notes:
+            raise OSError(errno.EIO, "; ".join(notes), str(self.path))
+
+    def __enter__(self) -> Commit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if os.getpid() != self._pid:
+            if exc is None:
+                self._require_open("publish")  # raises: a forked child
+            return  # the child's exception propagates; the parent's commit is untouched
+        if exc is None:
+            self.publish()
+        else:
+            self.abort(exc)
+
+    # ------------------------------------------------------------------ internals
+
+    def _require_open(self, what: str) -> None:
+        if os.getpid() != self._pid:
+            raise CommitStateError(
+                f"cannot {what} the commit of {self.name}: it belongs to process "
+                f"{self._pid}, and this is process {os.getpid()} (forked inside the commit). "
+                "Only the process that began a commit may publish or abort it; "
+                "end a forked child with os._exit()",
+                path=self.path,
+                step=self._step,
+            )
+        if self._state != "open":
+            raise CommitStateError(
+                f"cannot {what} the commit of {self.name}: it was already {self._state}",
+                path=self.path,
+                step=self._step,
+            )
+
+    def _check_staging(self) -> None:
+        try:
+            st: os.stat_result | None = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
+        assert self._fd is not None
+        if (
+            st is None
+            or not stat.S_ISDIR(st.st_mode)
+            or not os.path.samestat(st, os.fstat(self._fd))
+        ):
+            raise StagingLostError(
+                f"the staging directory {self.path} was removed or replaced during the save; "
+                "the save function must write inside it, not move or delete it. "
+                "Nothing was committed",
+                path=self.path,
+                step=self._step,
+            )
+
+    def _fail(self, exc: BaseException) -> None:
+        """End a failed commit: remove what it left unless that must stay for clean().
+
+        A cleanup failure is attached to ``exc`` as a note, never raised instead of it,
+        and the staging dir's descriptor and lock are released whatever happens.
+        """
+        self._state = "aborted"
+        leaving: Path | None = self.path
+        try:
+            if self._promoted:
+                # Promoted, then the root fsync failed: the new checkpoint is visible,
+                # and the old copy (if any) stays under its .tmp- name for clean(); it
+                # may be the only durable copy.
+                leaving = self._old
+            elif not self._in_fallback_window():
+                _fs.remove_tree(self.path)
+        except Exception as cleanup:
+            exc.add_note(f"atomic_ckpt: removing {self.path} also failed: {cleanup!r}")
+        finally:
+            try:
+                self._close(leaving=leaving)
+            except Exception as cleanup:
+                exc.add_note(f"atomic_ckpt: removing {self._lock.path} also failed: {cleanup!r}")
+
+    def _in_fallback_window(self) -> bool:
+        """Did a fallback replace fail to move its old copy back? Then the staging dir is
+        what tells clean() that the old copy must be restored: it stays."""
+        tmp = parse_tmp(self.path.name)
+        assert tmp is not None
+        base = self._root.path
+        aside = base / tmp.sibling(TAG_OLD)
+        return os.path.isdir(aside) and not os.path.lexists(base / tmp.name)
+
+    def _close(self, *, leaving: Path | None) -> None:
+        """Close the pinned staging dir and release the staging lock; its file stays
+        while ``leaving`` is left behind without a manifest (the evidence for clean())."""
+        if _OPEN.get((self._root.path, self.name)) is self:
+            del _OPEN[(self._root.path, self.name)]
+        fd, self._fd = self._fd, None
+        try:
+            if fd is not None:
+                os.close(fd)
+        finally:
+            if leaving is None:
+                self._lock.release(remove=True)
+            else:
+                _delete.release_leaving(self._lock, leaving)
+
+
+_OPEN: weakref.WeakValueDictionary[tuple[Path, str], Commit] = weakref.WeakValueDictionary()
+"""This process's open commits, by (root, directory name): see :func:`open_commit`."""
+
+
+def open_commit(root: Root, name: str) -> Commit | None:
+    """This process's open commit of the checkpoint ``name`` in ``root``, or None."""
+    commit = _OPEN.get((root.path, name))
+    if commit is None or commit.state != "open" or commit._pid != os.getpid():
+        return None
+    return commit
+
+
+def begin(
+    root: Root,
+    step: SupportsIndex,
+    *,
+    metadata: object = None,
+    retain: RetentionPolicy | None = None,
+    aliases: Collection[str] = (),
+) -> Commit:
+    """Steps 1 and 2 of the protocol for ``step``: take a staging lock, create the staging dir."""
+    step = check_step(step)
+    name = root.name_of(step)
+    return begin_as(root, step, name, metadata=metadata, retain=retain, aliases=aliases)
+
+
+def begin_as(
+    root: Root,
+    step: int | None,
+    name: str,
+    *,
+    metadata: object = None,
+    retain: RetentionPolicy | None = None,
+    aliases: Collection[str] = (),
+) -> Commit:
+    """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
+    if isinstance(aliases, str):
+        raise TypeError("aliases must be a collection of names, not one string")
+    alias_list = [_delete.check_alias(root, a) for a in aliases]
+    meta = check_metadata(metadata)
+    root.ensure()
+    final = root.path / name
+    _stage.check_target(final, step)
+    if os.path.isdir(final) and _stage.read_marker_or_none(final) is None:
+        log.warning(
+            "committing over %s, which has no %s marker (written before atomic_ckpt, or by "
+            "a save that crashed): the new checkpoint replaces it",
+            final,
+            MARKER,
+        )
+    # 1. The staging lock first, then the directory: clean() never sees a live save
+    #    unlocked.
+    staging, lock = _stage.make_staging(root, name)
+    try:
+        return Commit(
+            root, step, name, staging, lock, metadata=meta, retain=retain, aliases=alias_list
+        )
+    except BaseException as exc:  # e.g. EMFILE pinning the directory: leave nothing
+        with contextlib.suppress(OSError):
+            _fs.remove_tree(staging)
+        try:
+            lock.release(remove=True)
+        except OSError as cleanup:
+            exc.add_note(f"atomic_ckpt: removing {lock.path} also failed: {cleanup!r}")
+        raise

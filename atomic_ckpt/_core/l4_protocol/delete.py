@@ -1,0 +1,293 @@
+"""Durable deletes, and the pointers that must never dangle: aliases and ``checkpoint_best``.
+
+A checkpoint is deleted by moving it out of sight (``.tmp-N.del-<t>``, the
+rename made durable under the root lock), then removing it, the marker first,
+outside the lock. The aliases naming it go before it moves; the best pointer
+moves (durably) before anything it protected is deleted. Retention plans are
+made and carried out under the root lock, so two racing ``retain()`` calls
+cannot point ``checkpoint_best`` at a checkpoint the other is deleting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from atomic_ckpt._core.l1_names.errors import (
+    CheckpointNotFoundError,
+    ManifestError,
+    StepConflictError,
+)
+from atomic_ckpt._core.l1_names.names import (
+    BEST_LINK,
+    ROOT_LOCK,
+    TAG_DELETE,
+    TMP_INFIX,
+    fits,
+    new_token,
+    parse_step,
+    tmp_name,
+)
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls import locks as _locks
+from atomic_ckpt._core.l3_formats.read import Checkpoint, classify, complete, read_marker
+from atomic_ckpt._core.l4_protocol import stage as _stage
+from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
+from atomic_ckpt._core.l4_protocol.root import Root
+
+log = logging.getLogger(__name__)
+
+Moved = list[tuple[Path, Path, _locks.Lock]]
+"""Checkpoints moved out of sight: (original path, aside path, the token lock held)."""
+
+
+def release_one(lock: _locks.Lock, *, remove: bool = False, leaving: Path | None = None) -> None:
+    try:
+        if leaving is not None:
+            release_leaving(lock, leaving)
+        else:
+            lock.release(remove=remove)
+    except OSError as exc:
+        log.warning("could not release %s: %s", lock.path, exc)
+
+
+# --------------------------------------------------------------------------- deleting
+
+
+def move_aside(root: Root, paths: list[Path]) -> Moved:
+    """Move checkpoint directories out of sight, durably (call under the root lock).
+
+    Each gets a token lock and a ``.tmp-N.del-<t>`` name; the aliases naming it
+    go; the root is fsynced once. A path that is already gone is skipped.
+    """
+    moved: Moved = []
+    if not paths:
+        return moved  # nothing to move: not even a listing of the root
+    # The aliases go first: a crash after this leaves them missing, never dangling.
+    remove_aliases(root, {path.name for path in paths})
+    try:
+        for path in paths:
+            token, lock = _stage.new_lock(root, path.name)
+            aside = root.path / tmp_name(path.name, token, TAG_DELETE)
+            try:
+                _fs.rename(path, aside)
+            except BaseException as exc:
+                # Nothing was moved: leave no lock file behind.
+                release_one(lock, remove=True)
+                if isinstance(exc, FileNotFoundError):
+                    continue
+                raise
+            moved.append((path, aside, lock))
+        if moved:
+            root.sync.root(root.path)
+    except BaseException:
+        # What was moved is out of sight, intact (its marker tells clean() it is ours).
+        for _, aside, lock in moved:
+            release_one(lock, leaving=aside)
+        raise
+    return moved
+
+
+def release_leaving(lock: _locks.Lock, leftover: Path) -> None:
+    """Release a token's lock, leaving ``leftover`` behind for ``clean()``.
+
+    The lock file is removed only if ``leftover`` is gone or still holds our
+    manifest: otherwise (a removal that failed after the marker went) the lock
+    file is the only evidence that lets ``clean()`` remove it.
+    """
+    try:
+        present = os.path.lexists(leftover)
+        manifest = read_marker(leftover) if present else None
+        keep = present and (manifest is None or manifest.legacy)
+    except (ManifestError, OSError):
+        keep = True
+    lock.release(remove=not keep)
+
+
+def remove_moved(root: Root, moved: Moved) -> list[Path]:
+    """Remove what :func:`move_aside` moved (outside the root lock); the original paths."""
+    try:
+        for _, aside, _ in moved:
+            _fs.remove_tree(aside)
+        if moved:  # the removals durable before their evidence (the lock files) goes
+            root.sync.root(root.path)
+    except BaseException:
+        for _, aside, lock in moved:
+            release_one(lock, leaving=aside)  # clean() finishes the removal
+        raise
+    for _, _, lock in moved:
+        release_one(lock, remove=True)
+    return [path for path, _, _ in moved]
+
+
+# --------------------------------------------------------------------------- aliases
+
+
+def check_alias(root: Root, alias: str) -> str:
+    """``alias`` if it can name a checkpoint in the root; ValueError otherwise."""
+    if (
+        not isinstance(alias, str)
+        or not alias
+        or "/" in alias
+        or os.sep in alias
+        or alias in (".", "..", BEST_LINK, ROOT_LOCK)
+        or TMP_INFIX in alias
+        or parse_step(alias, root.prefix) is not None
+        or parse_step(alias) is not None
+        or not fits(alias)
+    ):
+        raise ValueError(
+            f"alias {alias!r} must be a plain name that is not a step, a .tmp- name, "
+            f"{BEST_LINK!r} or too long"
+        )
+    return alias
+
+
+def check_aliases_free(root: Root, aliases: list[str]) -> None:
+    """StepConflictError if an alias's name is taken by something that is not a symlink."""
+    for alias in aliases:
+        where = root.path / alias
+        if os.path.lexists(where) and not os.path.islink(where):
+            raise StepConflictError(
+                f"{where} exists and is not a symlink: it cannot become an alias", path=where
+            )
+
+
+def point_aliases(root: Root, aliases: list[str], target: str) -> None:
+    """Point each alias (a symlink in the root) at the sibling ``target``, atomically
+    (under the root lock; the caller fsyncs the root)."""
+    check_aliases_free(root, aliases)
+    for alias in aliases:
+        _fs.symlink_replace(target, root.path / alias, root.path / tmp_name(alias, new_token()))
+
+
+def aliases_of(root: Root, names: set[str]) -> list[Path]:
+    """The symlinks in the root (aliases; never the best pointer) that name one of ``names``."""
+    found: list[Path] = []
+    with os.scandir(root.path) as it:
+        for de in it:
+            if de.name == BEST_LINK or TMP_INFIX in de.name or not de.is_symlink():
+                continue
+            try:
+                if os.readlink(de.path) in names:
+                    found.append(Path(de.path))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def remove_aliases(root: Root, names: set[str]) -> None:
+    """Remove the aliases naming the (deleted) directories ``names`` (under the root
+    lock; the caller fsyncs the root), so none is ever left dangling."""
+    for alias in aliases_of(root, names):
+        with contextlib.suppress(FileNotFoundError):
+            _fs.unlink(alias)
+
+
+# --------------------------------------------------------------------------- the best pointer
+
+
+def best_step(root: Root) -> int | None:
+    """The step ``checkpoint_best`` names, or None (no link, or not a step name)."""
+    try:
+        target = os.readlink(root.path / BEST_LINK)
+    except OSError:  # missing, not a symlink, or a name too long
+        return None
+    # A checkpoint root is untrusted input: only a plain sibling name counts.
+    if "/" in target or os.sep in target:
+        return None
+    return parse_step(target, root.prefix)
+
+
+def read_best(root: Root) -> Checkpoint | None:
+    """The complete checkpoint ``checkpoint_best`` names, or None."""
+    step = best_step(root)
+    if step is None:
+        return None
+    try:
+        return require_complete(root, step)
+    except (CheckpointNotFoundError, ValueError):  # ValueError: a step no name can hold
+        log.warning("%s names no complete checkpoint", root.path / BEST_LINK)
+        return None
+
+
+def set_best_locked(root: Root, ckpt: Checkpoint) -> None:
+    """Point ``checkpoint_best`` at ``ckpt`` atomically and durably (under the root lock).
+
+    A new symlink under a ``.tmp-`` name (which ``clean()`` removes if we crash)
+    is renamed over the old one, then the root is fsynced.
+    """
+    tmp = root.path / tmp_name(BEST_LINK, new_token())
+    _fs.symlink_replace(ckpt.path.name, root.path / BEST_LINK, tmp)
+    root.sync.root(root.path)
+
+
+def set_best(root: Root, step: int) -> Checkpoint:
+    """Point ``checkpoint_best`` at the complete checkpoint of ``step``, durably."""
+    with root.locked():
+        ckpt = require_complete(root, step)
+        set_best_locked(root, ckpt)
+    return ckpt
+
+
+def delete(root: Root, step: int, *, force: bool) -> Path:
+    """Delete one step durably (moved out of sight first, marker first on removal).
+
+    Refuses the step ``checkpoint_best`` names unless ``force`` (the pointer then
+    goes too). The latest step may be deleted.
+    """
+    with root.locked():
+        ckpt = require_complete(root, step)
+        if best_step(root) == step:
+            if not force:
+                raise StepConflictError(
+                    f"{ckpt.path} is the best checkpoint ({BEST_LINK} names it): pass "
+                    "force=True to delete it and the pointer",
+                    path=ckpt.path,
+                    step=step,
+                )
+            _fs.unlink(root.path / BEST_LINK)
+        moved = move_aside(root, [ckpt.path])
+    remove_moved(root, moved)
+    return ckpt.path
+
+
+def require_complete(root: Root, step: int) -> Checkpoint:
+    """The complete checkpoint of ``step`` (read under the caller's lock)."""
+    path = root.path / root.name_of(step)
+    isdir = os.path.isdir(path) and not os.path.islink(path)
+    entry = classify(path, step) if isdir else None
+    if entry is None or entry.manifest is None:
+        raise CheckpointNotFoundError(
+            f"no complete checkpoint for step {step} in {root.path}"
+            + (f": {entry.problem}" if entry is not None and entry.problem else ""),
+            path=path,
+            step=step,
+        )
+    return Checkpoint(step, path, entry.manifest)
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def retain(root: Root, policy: RetentionPolicy) -> list[Path]:
+    """Apply ``policy``: move the best pointer (durably), then delete what it does not keep.
+
+    The plan is made and carried out under the root lock, so a concurrent
+    ``retain()`` cannot point ``checkpoint_best`` at a checkpoint this one is
+    deleting; only the removal of what was moved aside runs after it.
+    """
+    if not root.path.is_dir():
+        return []
+    with root.locked():
+        found = complete(root.path, root.prefix, root.warned)
+        current = best_step(root)
+        plan = policy.plan(found, protect=current)
+        if plan.best is not None and plan.best.step != current:
+            set_best_locked(root, plan.best)
+            # The old target is protected no longer; plan again without it.
+            plan = policy.plan(found, protect=plan.best.step)
+        moved = move_aside(root, [c.path for c in plan.delete])
+    return remove_moved(root, moved)

@@ -1,0 +1,118 @@
+"""Named checkpoints (``root/interrupted/``) beside the numbered ones.
+
+Committed with the same protocol as a step (staging, fsync, marker, rename),
+their manifest records no step, and the scanner never counts them:
+``latest()`` and ``steps()`` see numbered checkpoints only. ``promote``
+turns one into a step atomically: its manifest is rewritten to record the
+step (durably, in place), then it is renamed to the step's name (exchanged
+with an existing step where the filesystem can, so that step is never missing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, StepConflictError
+from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, ROOT_LOCK, TMP_INFIX, fits
+from atomic_ckpt._core.l1_names.names import parse_step as _parse_step
+from atomic_ckpt._core.l3_formats.manifest import Manifest
+from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
+from atomic_ckpt._core.l4_protocol import amend as _amend
+from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol.root import Root, check_step
+
+
+@dataclass(frozen=True)
+class NamedCheckpoint:
+    """A complete named checkpoint: its name, its directory and its manifest."""
+
+    name: str
+    path: Path
+    manifest: Manifest
+
+
+def check_name(root: Root, name: str) -> str:
+    """``name`` if it can name a checkpoint; ValueError otherwise."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or "/" in name
+        or os.sep in name
+        or name in (".", "..", BEST_LINK, ROOT_LOCK, MARKER)
+        or TMP_INFIX in name
+        or name.startswith(".")
+        or _parse_step(name, root.prefix) is not None
+        or _parse_step(name) is not None
+        or not fits(name)
+    ):
+        raise ValueError(
+            f"checkpoint name {name!r} must be a plain name that is not a step name "
+            "(digits, or the prefix and digits), a .tmp- name, hidden, or too long"
+        )
+    return name
+
+
+def get(root: Root, name: str) -> NamedCheckpoint:
+    """The complete named checkpoint ``name``; CheckpointNotFoundError if there is none."""
+    path = root.path / check_name(root, name)
+    try:
+        manifest = read_marker(path) if os.path.isdir(path) and not os.path.islink(path) else None
+    except (OSError, ValueError) as exc:
+        raise CheckpointNotFoundError(f"{path} is incomplete: {exc}", path=path) from None
+    if manifest is None:
+        raise CheckpointNotFoundError(
+            f"no complete named checkpoint {name!r} in {root.path}", path=path
+        )
+    return NamedCheckpoint(name, path, manifest)
+
+
+def listing(root: Root) -> list[NamedCheckpoint]:
+    """Every complete named checkpoint of the root, by name."""
+    out: list[NamedCheckpoint] = []
+    try:
+        names = sorted(os.listdir(root.path))
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for name in names:
+        try:
+            out.append(get(root, check_name(root, name)))
+        except (ValueError, CheckpointNotFoundError):
+            continue
+    return out
+
+
+def promote(root: Root, name: str, step: int) -> Checkpoint:
+    """Turn the named checkpoint ``name`` into step ``step``, atomically and durably.
+
+    A commit of ``step`` whose files are hard links to the named checkpoint's (copies
+    where links are refused, entries reused as an amend reuses them), promoted like any
+    commit (replacing an existing step by exchange) with the name's aliases; then the
+    named checkpoint is deleted. A crash leaves the named checkpoint, the step, or
+    both, each holding its own files: never neither, and never a name holding another
+    checkpoint's files. Promoting again after a crash gives the same result.
+    """
+    step = check_step(step)
+    named = get(root, name)
+    if named.manifest.legacy:
+        raise StepConflictError(
+            f"{named.path} has a legacy (empty) marker: nothing records its files",
+            path=named.path,
+        )
+    aliases = [p.name for p in _delete.aliases_of(root, {named.path.name})]
+    # Carried entries keep their checksums: the step's manifest uses the same algorithm.
+    root = dataclasses.replace(root, checksum=named.manifest.checksum)
+    commit = _commit.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
+    try:
+        base = Checkpoint(step, named.path, named.manifest)
+        ckpt = commit.publish(files=_amend.carry_over(root, base, commit.path, [], set()))
+    except BaseException as exc:
+        commit.abort(exc)
+        raise
+    with root.locked():
+        moved = _delete.move_aside(root, [named.path])
+    _delete.remove_moved(root, moved)
+    return ckpt

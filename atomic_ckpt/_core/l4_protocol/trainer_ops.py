@@ -1,0 +1,94 @@
+"""The :class:`~atomic_ckpt.CheckpointDir` methods a training loop needs beyond commit:
+the open commit of a step, amending a committed checkpoint, named checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any, SupportsIndex
+
+from atomic_ckpt._core.l3_formats.read import Checkpoint
+from atomic_ckpt._core.l4_protocol import amend as _amend
+from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import named as _named
+from atomic_ckpt._core.l4_protocol.named import NamedCheckpoint
+from atomic_ckpt._core.l4_protocol.root import Root, check_step
+
+
+class TrainerOps:
+    """Mixed into :class:`~atomic_ckpt.CheckpointDir`; see its documentation."""
+
+    _root: Root
+
+    def staging(self, step: SupportsIndex) -> Path | None:
+        """The staging directory of this process's open commit of ``step``, or None.
+
+        For a save spread over several functions: each finds where to write from
+        the step alone, without passing the commit around.
+        """
+        commit = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
+        return None if commit is None else commit.path
+
+    @contextlib.contextmanager
+    def amend(
+        self,
+        step: SupportsIndex,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        remove: Collection[str] = (),
+    ) -> Iterator[Path]:
+        """Change a committed checkpoint: yields an empty staging directory.
+
+        Files written there are added (or replace the committed ones of the same
+        path); paths in ``remove`` (files or directories) are dropped; every other
+        committed file is carried over unchanged (a hard link, or a copy where the
+        filesystem refuses links; its manifest entry is reused, not re-hashed);
+        ``metadata`` is merged into the manifest's. The result replaces the step
+        atomically and durably, like a commit. With no files and nothing removed,
+        only the marker is rewritten: one small durable write.
+        """
+        with _amend.amend(self._root, step, metadata=metadata, remove=remove) as path:
+            yield path
+
+    # ------------------------------------------------------------------ named checkpoints
+
+    @contextlib.contextmanager
+    def commit_named(
+        self,
+        name: str,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        aliases: Collection[str] = (),
+    ) -> Iterator[Path]:
+        """Commit a named checkpoint (``root/<name>/``, e.g. ``interrupted``) with the same
+        protocol as a step. ``latest()`` and ``steps()`` never count it."""
+        handle = _commit.begin_as(
+            self._root,
+            None,
+            _named.check_name(self._root, name),
+            metadata=metadata,
+            aliases=aliases,
+        )
+        try:
+            yield handle.path
+        except BaseException as exc:
+            handle.abort(exc)
+            raise
+        handle.finish()
+
+    def get_named(self, name: str) -> NamedCheckpoint:
+        """The complete named checkpoint ``name``; CheckpointNotFoundError if there is none."""
+        return _named.get(self._root, name)
+
+    def named(self) -> list[NamedCheckpoint]:
+        """Every complete named checkpoint, by name."""
+        return _named.listing(self._root)
+
+    def promote_named(self, name: str, step: SupportsIndex) -> Checkpoint:
+        """Turn the named checkpoint ``name`` into step ``step``, atomically and durably.
+
+        Its manifest is rewritten to record the step, then it is renamed (replacing
+        an existing step the way a commit does). The supported form of ``mv name N``.
+        """
+        return _named.promote(self._root, name, check_step(step))

@@ -1,0 +1,426 @@
+"""``CheckpointDir``: the facade over one checkpoint root.
+
+Reading is :mod:`._read`; the commit protocol is :mod:`._commit` (its order in
+one function, ``Commit._protocol``); cleanup, deletion, retention and the best
+pointer are :mod:`._repair`; retention plans are :mod:`._retention`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal, SupportsIndex
+
+from atomic_ckpt._core.l1_names.errors import (
+    CheckpointNotFoundError,
+    InvalidRootError,
+    UnmarkedCheckpointsError,
+    VerificationError,
+)
+from atomic_ckpt._core.l1_names.names import MARKER, NAME_MAX, TMP_INFIX, is_marker_name
+from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
+from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
+from atomic_ckpt._core.l3_formats import read as _read
+from atomic_ckpt._core.l3_formats import verify as _verify
+from atomic_ckpt._core.l3_formats.manifest import FileEntry
+from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
+from atomic_ckpt._core.l3_formats.tree import DEFAULT_WORKERS, list_tree, sync_files, sync_tree
+from atomic_ckpt._core.l4_protocol import adopt as _adopt
+from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import repair as _repair
+from atomic_ckpt._core.l4_protocol.commit import Commit
+from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
+from atomic_ckpt._core.l4_protocol.root import Root, check_step, resolve
+from atomic_ckpt._core.l4_protocol.trainer_ops import TrainerOps
+
+log = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[str]
+
+
+class CheckpointDir(TrainerOps):
+    """A directory of checkpoints, one subdirectory per step, committed atomically.
+
+    ``root`` is created at the first commit; reading a missing root means "no
+    checkpoints". With ``prefix="checkpoint-"`` the step directories are
+    ``checkpoint-N``. ``durable=False`` skips every fsync (safe against process
+    crashes, not against power loss). ``checksum`` names the algorithm recorded
+    per file in the manifest (``"xxh3_128"``, the default, ``"crc32"``,
+    ``"sha256"``) or None for sizes only. ``lock_timeout`` bounds the wait for
+    the root lock, in seconds (negative: wait forever). ``workers`` is the
+    number of threads that fsync, hash and verify files (default 32: fsync
+    waits in the kernel, so many in flight let the disk merge work).
+    ``sync`` replaces the durability steps with another
+    :class:`~atomic_ckpt.SyncPolicy` (the crash tests switch single steps off
+    this way); it overrides ``durable``.
+    """
+
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        prefix: str = "",
+        durable: bool = True,
+        checksum: str | None = "xxh3_128",
+        lock_timeout: float = 300.0,
+        workers: int | None = None,
+        sync: SyncPolicy | None = None,
+    ) -> None:
+        if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix or TMP_INFIX in prefix:
+            raise ValueError(f"prefix {prefix!r} must be a plain name fragment")
+        if len(prefix) > NAME_MAX // 2:
+            raise ValueError(f"prefix {prefix[:20]!r}... is too long for a directory name")
+        if checksum is not None and checksum not in CHECKSUMS:
+            raise ValueError(f"unknown checksum {checksum!r}; choose one of {sorted(CHECKSUMS)}")
+        if workers is not None and (
+            isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+        ):
+            raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
+        if sync is not None and not isinstance(sync, SyncPolicy):
+            raise TypeError(f"sync must be a SyncPolicy, got {type(sync).__name__}")
+        policy = sync if sync is not None else (SyncPolicy() if durable else NoSync())
+        self._root = Root(
+            path=resolve(root),
+            prefix=prefix,
+            checksum=checksum,
+            sync=policy,
+            lock_timeout=lock_timeout,
+            workers=workers if workers is not None else DEFAULT_WORKERS,
+        )
+        if self._root.path.exists() and not self._root.path.is_dir():
+            raise InvalidRootError(
+                f"checkpoint root {self._root.path} exists but is not a directory; "
+                "pass a directory path (it is created if missing)",
+                path=self._root.path,
+            )
+
+    def __repr__(self) -> str:
+        return f"CheckpointDir({str(self.root)!r}, prefix={self.prefix!r}, durable={self.durable})"
+
+    @property
+    def root(self) -> Path:
+        """The root directory (absolute, symlinks resolved)."""
+        return self._root.path
+
+    @property
+    def prefix(self) -> str:
+        """The step directories' name prefix (``""`` or e.g. ``"checkpoint-"``)."""
+        return self._root.prefix
+
+    @property
+    def durable(self) -> bool:
+        """False when no fsync reaches the disk (``durable=False``)."""
+        return self._root.sync.durable
+
+    @property
+    def checksum(self) -> str | None:
+        """The checksum algorithm recorded in new manifests, or None."""
+        return self._root.checksum
+
+    @property
+    def sync(self) -> SyncPolicy:
+        """The durability steps commits perform."""
+        return self._root.sync
+
+    @property
+    def workers(self) -> int:
+        """Threads that fsync, hash and verify files."""
+        return self._root.workers
+
+    def path_of(self, step: SupportsIndex) -> Path:
+        """Where ``step``'s checkpoint lives (whether or not it exists)."""
+        return self.root / self._root.name_of(check_step(step))
+
+    # ------------------------------------------------------------------ reading
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every complete checkpoint, by ascending step.
+
+        Each marker's header is read, not its file list: a manifest's ``files``
+        is read when first used, and raises ManifestError if that checkpoint was
+        removed or replaced meanwhile (:meth:`get` it again).
+        """
+        return _read.complete(self.root, self.prefix, self._root.warned)
+
+    def steps(self) -> list[int]:
+        """The steps of the complete checkpoints, ascending."""
+        return [c.step for c in self.checkpoints()]
+
+    def latest(self, *, verify: bool = False) -> Checkpoint | None:
+        """The complete checkpoint with the highest step, or None.
+
+        Step directories are examined from the highest down, and the search stops
+        at the first complete one: usually one marker is read, however many
+        checkpoints the root holds. With ``verify=True``, the newest one whose
+        files match its manifest: a newer one that does not is skipped with a
+        warning naming it and why.
+        """
+        for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
+            if not verify:
+                return ckpt
+            try:
+                return self.verify(ckpt.step)
+            except (VerificationError, CheckpointNotFoundError) as exc:
+                log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
+        return None
+
+    def resume_point(self, *, verify: bool = False, fresh: bool = False) -> Checkpoint | None:
+        """The checkpoint a restarted job resumes from: :meth:`latest` (``verify`` as
+        there), or None for a fresh start.
+
+        A fresh start is refused with :class:`~atomic_ckpt.UnmarkedCheckpointsError`
+        when the root holds step directories without a marker (written before
+        atomic_ckpt) and no complete checkpoint: adopt them with ``atomic-ckpt
+        mark-complete``, or pass ``fresh=True`` to start over deliberately.
+        """
+        found = self.latest(verify=verify)
+        if found is not None or fresh:
+            return found
+        unmarked = tuple(e.path for e in self.entries() if e.status == "unmarked")
+        if unmarked:
+            shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
+            raise UnmarkedCheckpointsError(
+                f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
+                f"marker ({shown}) and no complete checkpoint. If they were written "
+                f"completely, adopt them: `atomic-ckpt mark-complete {unmarked[-1]}` (each "
+                "one); to start from scratch anyway, pass fresh=True (--fresh)",
+                path=self.root,
+                paths=unmarked,
+            )
+        return None
+
+    def get(self, step: SupportsIndex) -> Checkpoint:
+        """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete.
+
+        Reads that step's marker only (whole: its manifest is a snapshot, unaffected
+        by a later replace or delete).
+        """
+        step = check_step(step)
+        path = self.root / f"{self.prefix}{step}"
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTDIR):
+                raise
+            raise CheckpointNotFoundError(
+                f"no checkpoint for step {str(step)[:40]} in {self.root}", path=path, step=step
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise CheckpointNotFoundError(
+                f"{path} is not a checkpoint directory (it is a file or a symlink)",
+                path=path,
+                step=step,
+            )
+        entry = _read.classify(path, step)
+        if entry.status == "unmarked":
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is incomplete: it has no {MARKER} marker. If it was "
+                f"written completely before atomic_ckpt, adopt it with "
+                f"`atomic-ckpt mark-complete {path}`",
+                path=path,
+                step=step,
+            )
+        if entry.manifest is None:
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is incomplete: {entry.problem}", path=path, step=step
+            )
+        return Checkpoint(step, path, entry.manifest)
+
+    def verify(
+        self, step: SupportsIndex, *, progress: Callable[[int, int], None] | None = None
+    ) -> Checkpoint:
+        """Check the checkpoint's files against its manifest; return it if they match.
+
+        Every entry is checked (present, type, size, checksum; files in parallel
+        on :attr:`workers` threads, each read once) and the directory must hold
+        nothing the manifest does not list. Raises one
+        :class:`~atomic_ckpt.VerificationError` whose ``problems`` list every
+        mismatch; a damaged marker (its file list fails its CRC-32) is one too.
+        A legacy (empty) marker verifies presence only.
+
+        ``progress(done, total)`` is called in this thread with the bytes checked
+        so far and the total: at the start, about ten times a second, and at the
+        end with ``done == total``.
+        """
+        ckpt = self.get(step)
+        _verify.verify(ckpt, workers=self.workers, progress=progress)
+        return ckpt
+
+    def entries(self, *, include_staging: bool = False) -> list[Entry]:
+        """Every step directory of the root, complete or not (and staging dirs if asked),
+        sorted by step: what ``atomic-ckpt ls`` shows. Never writes, never warns."""
+        return _read.scan(self.root, self.prefix, include_staging=include_staging)
+
+    def sync_tree(self, directory: PathLike, *, hash: bool = True) -> list[FileEntry]:
+        """Step 3 of the protocol on ``directory``, for code that assembles a commit itself.
+
+        fsyncs every regular file and subdirectory below it (as this root's
+        :attr:`sync` policy says; never ``directory`` itself, never through a
+        symlink), hashes the files with :attr:`checksum` when ``hash``, and returns
+        their manifest entries sorted by path (the marker's names left out).
+        """
+        return sync_tree(
+            Path(directory),
+            policy=self.sync,
+            checksum=self.checksum if hash else None,
+            workers=self.workers,
+            skip=is_marker_name,
+        )
+
+    def sync_files(
+        self, directory: PathLike, paths: Collection[str], *, hash: bool = True
+    ) -> list[FileEntry]:
+        """Step 3 of the protocol for the named entries of ``directory`` only.
+
+        For a rank of a multi-rank commit, which fsyncs (and hashes) exactly what it
+        wrote, so each file is flushed once, by its writer. ``paths`` are relative
+        POSIX paths below ``directory``: files are fsynced and, when ``hash``, hashed
+        with :attr:`checksum`; directories are fsynced (not their contents); symlinks
+        are recorded, never followed. Returns their manifest entries sorted by path.
+        """
+        return sync_files(
+            Path(directory),
+            paths,
+            policy=self.sync,
+            checksum=self.checksum if hash else None,
+            workers=self.workers,
+        )
+
+    def list_tree(self, directory: PathLike) -> list[FileEntry]:
+        """Every entry below ``directory`` with its type and size, sorted by path (the
+        marker's names left out): no fsync and no file read, a listing and a stat each.
+        What a multi-rank commit checks its ranks' declared files against."""
+        return list_tree(Path(directory), skip=is_marker_name)
+
+    def checksum_file(self, path: PathLike) -> str | None:
+        """The checksum of one regular file with this root's algorithm (None if it has none)."""
+        return None if self.checksum is None else checksum_file(Path(path), self.checksum)
+
+    # ------------------------------------------------------------------ writing
+
+    def begin(
+        self,
+        step: SupportsIndex,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        retain: RetentionPolicy | None = None,
+        aliases: Collection[str] = (),
+    ) -> Commit:
+        """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
+
+        Write into ``commit.path``, then call ``commit.publish()`` (or
+        ``commit.abort()``); or use the handle as a context manager. For code that
+        cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
+        """
+        return _commit.begin(self._root, step, metadata=metadata, retain=retain, aliases=aliases)
+
+    @contextlib.contextmanager
+    def commit(
+        self,
+        step: SupportsIndex,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        retain: RetentionPolicy | None = None,
+        aliases: Collection[str] = (),
+    ) -> Iterator[Path]:
+        """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
+
+        Yields the staging directory; write anything inside it. On a normal
+        exit it is made durable and promoted to ``root/<step>``, atomically
+        replacing an existing one. On an exception the staging directory is
+        removed, nothing else is touched, and the exception propagates.
+        ``metadata`` (a JSON object) is stored in the manifest. ``retain`` is
+        applied once the new checkpoint is durable. ``aliases`` are symlinks in the
+        root (``epoch3_step1200 -> 1200``) pointed at the checkpoint with its
+        promotion; deleting the step removes them.
+        """
+        with self.begin(step, metadata=metadata, retain=retain, aliases=aliases) as handle:
+            yield handle.path
+
+    def mark_complete(self, step: SupportsIndex) -> Checkpoint:
+        """Adopt an existing directory written without this library.
+
+        Fsyncs its files, writes a manifest marker (replacing a legacy empty
+        one), and fsyncs the directory. A directory that already has a
+        manifest is returned unchanged.
+        """
+        return _adopt.adopt(self._root, step)
+
+    def clean(self, *, dry_run: bool = False, force: bool = False) -> list[Path]:
+        """Remove what crashed or killed saves left behind; return what was (or would be) removed.
+
+        Removes orphaned staging dirs, old copies and their lock files: only
+        entries this library made (whatever the prefix). A staging dir whose
+        writer is alive (it holds the lock) is never touched. An old copy moved
+        aside by the fallback replace whose step is now missing is renamed back
+        instead (logged, not returned). ``force`` also removes entries of the
+        library's form (``.tmp-<name>.<32 hex>``, or 0.1.0's ``<name>.tmp-<32 hex>``)
+        that carry no evidence that it made them, such as a staging dir whose lock
+        file a power loss dropped; use it only where no other tool names files
+        that way.
+        """
+        return _repair.clean(self._root, dry_run=dry_run, force=force)
+
+    def prune(self, *, keep_last: int) -> list[Path]:
+        """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
+
+        ``retain(RetentionPolicy(keep_last=keep_last))``: each is first renamed
+        out of sight (``.tmp-N.del-…``) and the rename made durable, so an
+        interrupted deletion never leaves a complete-looking directory. The
+        latest checkpoint, and the one ``checkpoint_best`` names, are never deleted.
+        """
+        return self.retain(RetentionPolicy.last(keep_last))
+
+    def retain(
+        self,
+        policy: RetentionPolicy | None = None,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: Literal["min", "max"] = "min",
+    ) -> list[Path]:
+        """Apply a :class:`RetentionPolicy` (given, or made of these options); return the
+        deleted paths.
+
+        Keeps the last ``keep_last``, every step divisible by ``keep_every`` and
+        the ``keep_best`` best by the manifest metadata key ``metric`` (``mode``
+        min or max), always the latest and the best; with ``metric`` it first
+        points the ``checkpoint_best`` symlink at the best checkpoint (durably).
+        The plan is made and carried out under the root lock.
+        """
+        policy = RetentionPolicy.of(
+            policy,
+            keep_last=keep_last,
+            keep_every=keep_every,
+            keep_best=keep_best,
+            metric=metric,
+            mode=mode,
+        )
+        return _delete.retain(self._root, policy)
+
+    def best(self) -> Checkpoint | None:
+        """The complete checkpoint the ``checkpoint_best`` symlink names, or None."""
+        return _delete.read_best(self._root)
+
+    def set_best(self, step: SupportsIndex) -> Checkpoint:
+        """Point ``checkpoint_best`` at the complete checkpoint of ``step``, atomically and
+        durably (CheckpointNotFoundError if it is not complete)."""
+        return _delete.set_best(self._root, check_step(step))
+
+    def delete(self, step: SupportsIndex, *, force: bool = False) -> Path:
+        """Delete the complete checkpoint of ``step`` durably; return its path.
+
+        It disappears at once (renamed out of sight, the rename made durable), then
+        its files are removed, the marker first; its aliases go too. The step
+        ``checkpoint_best`` names is refused (StepConflictError) unless ``force``,
+        which removes the pointer as well. The latest step may be deleted.
+        """
+        return _delete.delete(self._root, check_step(step), force=force)

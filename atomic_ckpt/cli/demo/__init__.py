@@ -1,0 +1,1 @@
+"""The ``atomic-ckpt demo`` runs: a killed save, then a clean resume."""

@@ -1,0 +1,67 @@
+"""The sharded strategies of :mod:`atomic_ckpt.integrations.lightning`: a checkpoint directory
+written by every rank into a staging directory and committed by rank 0, between two barriers.
+
+Imported by the public module after its check that torch and Lightning are installed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from atomic_ckpt import CheckpointDir, commit_directory, remove_directory, temp_name
+from atomic_ckpt.integrations.lightning._io import _local
+
+if TYPE_CHECKING:
+    # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
+    from pytorch_lightning.strategies import Strategy as _StrategyBase
+else:
+    _StrategyBase = object
+
+
+class _AtomicShardedSave(_StrategyBase):
+    """A sharded strategy whose checkpoint directories are committed atomically.
+
+    Every rank writes its shards into a hidden staging directory beside the final name
+    (rank 0 picks it and broadcasts it) and fsyncs the tree; after a barrier rank 0 renames
+    it into place (exchanging it with an older one of the same name) and fsyncs the parent;
+    a last barrier keeps every rank from going on before that. A crash leaves the old
+    checkpoint or the new one under the name, never a partial one. Saves that are one file
+    (``state_dict_type="full"``) go through the ``CheckpointIO`` as with any strategy.
+    """
+
+    def _saves_directory(self) -> bool:
+        return bool(
+            getattr(self, "_save_distributed_checkpoint", False)
+            or getattr(self, "_state_dict_type", None) == "sharded"
+        )
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        if not self._saves_directory():
+            super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+            return
+        final = _local(self.broadcast(os.fspath(filepath)))
+        name = self.broadcast(temp_name(os.path.basename(final)))
+        parent = os.path.dirname(os.path.abspath(final))
+        staging = os.path.join(parent, name)
+        try:
+            super().save_checkpoint(checkpoint, staging, storage_options=storage_options)
+            # Each rank flushes the tree (so what it wrote, wherever the ranks run).
+            CheckpointDir(parent, checksum=None).sync_tree(staging, hash=False)
+        except BaseException:
+            if self.is_global_zero:
+                remove_directory(staging, durable=False)
+            raise
+        self.barrier("atomic_ckpt: every rank wrote and flushed its shards")
+        if self.is_global_zero:
+            commit_directory(staging, final)
+        self.barrier("atomic_ckpt: the checkpoint directory is in place")
+
+    def teardown(self) -> None:
+        super().teardown()
+        # ModelParallelStrategy.teardown (2.6.6) does not call Strategy.teardown, so the
+        # CheckpointIO's teardown never ran: deletes and links still queued were lost at
+        # exit. Running it twice (other strategies do call it) is harmless.
+        self.checkpoint_io.teardown()
