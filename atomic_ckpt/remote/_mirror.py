@@ -62,10 +62,12 @@ class Mirror(ClosesOnExit):
     waits replaces it (the remote gets the newest). The remote only ever shows
     complete steps: each upload is an ordinary remote commit. A failed upload is
     raised by the next ``commit``, ``mirror``, ``wait`` or ``close`` (before any new
-    work starts). ``retain`` is applied to the remote after each upload.
+    work starts); one that nothing raised makes the process exit with status 1,
+    naming the step the remote lacks. ``retain`` is applied to the remote after each upload.
     """
 
     _closing_what = "the mirror"
+    _failure_what = "the mirror upload"
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class Mirror(ClosesOnExit):
         self._error: BaseException | None = None
         self._closed = False
         self._uploaded: list[RemoteCheckpoint] = []
+        self._watch()
 
     def __repr__(self) -> str:
         return f"Mirror({self.local!r}, {self.remote!r})"
@@ -146,11 +149,17 @@ class Mirror(ClosesOnExit):
             self._closed = True
         self.wait()
 
+    def _join_at_exit(self) -> None:
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+
     def _raise_failure(self, *, new_work: bool = False) -> None:
         with self._cond:
             error, self._error = self._error, None
             closed = self._closed
         if error is not None:
+            self._observed()
             raise error
         if new_work and closed:
             raise CommitterClosedError("this Mirror is closed; make a new one")
@@ -175,6 +184,7 @@ class Mirror(ClosesOnExit):
                 log.error("mirror upload of step %d failed: %r", step, exc)
                 with self._cond:
                     self._error = exc
+                    self._failed(step, exc)
             else:
                 with self._cond:
                     self._uploaded.append(done)

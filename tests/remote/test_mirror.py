@@ -4,6 +4,10 @@ AsyncRemoteCommitter (stage and commit to the store in a background thread)."""
 from __future__ import annotations
 
 import functools
+import re
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -107,3 +111,107 @@ def test_async_remote_committer(remote: RemoteCheckpointDir, tmp_path: Path) -> 
         saver.save(4, functools.partial(write_tree, seed=4))
     saver.close()
     assert remote.steps() == [1, 2]
+
+
+# ---------------------------------------------------------------- interpreter exit
+
+_UNOBSERVED_AT_EXIT = """
+    import gc, sys, time
+    sys.path.insert(0, sys.argv[4])
+    from _remote_support import Fault, write_tree
+    from atomic_ckpt import CheckpointDir
+    from atomic_ckpt.remote import AsyncRemoteCommitter, Mirror, RemoteCheckpointDir
+
+    endpoint, url, how = sys.argv[1:4]
+    retries = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    remote = RemoteCheckpointDir(
+        url, storage_options={"endpoint_url": endpoint, "config_kwargs": retries}
+    )
+    remote.check_conditional_writes()
+    remote.fs.retries = 1
+    fault = Fault("PutObject", "500", "/model.bin", times=None)
+    fault.install(remote)
+
+    def run() -> None:
+        if how.startswith("async"):
+            saver = AsyncRemoteCommitter(remote)
+            saver.save(7, lambda path: write_tree(path, 7))
+            while saver.pending is not None:
+                time.sleep(0.01)
+            return
+        mirror = Mirror(CheckpointDir(sys.argv[5]), remote)
+        with mirror.commit(7) as path:
+            write_tree(path, 7)
+        while mirror.pending is not None:  # the upload runs, and fails, in the background
+            time.sleep(0.01)
+        if how == "observed":
+            try:
+                mirror.close()
+            except OSError as exc:
+                print("close raised", type(exc).__name__, file=sys.stderr)
+        if how == "kept":
+            globals()["kept"] = mirror
+
+    run()
+    gc.collect()  # "dropped": nothing refers to the mirror (or committer) any more
+    print("fault fired", fault.fired, file=sys.stderr)
+    # no close(): the script simply ends here
+"""
+
+
+def _run_unobserved(s3: S3, url: str, tmp: Path, how: str) -> subprocess.CompletedProcess[str]:
+    here = str(Path(__file__).resolve().parent)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(_UNOBSERVED_AT_EXIT),
+            s3.endpoint,
+            url,
+            how,
+            here,
+            str(tmp / "local"),
+        ],
+        capture_output=True,
+        text=True,
+        env=s3.env,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("how", ["kept", "dropped"])
+def test_an_unobserved_mirror_failure_makes_the_exit_status_non_zero(
+    s3_server: S3, s3_url: str, tmp_path: Path, how: str
+) -> None:
+    """A script whose last mirror upload failed, with nothing left to raise it (the Mirror
+    still referenced or already collected), exits 1 naming the step, not 0."""
+    proc = _run_unobserved(s3_server, s3_url, tmp_path, how)
+    assert re.search(r"fault fired [1-9]", proc.stderr), proc.stderr  # the fault was hit
+    assert proc.returncode == 1, proc.stderr
+    assert "mirror upload of step 7 failed and nothing waited for it" in proc.stderr
+    assert "Mirror.close()" in proc.stderr
+    assert CheckpointDir(tmp_path / "local").steps() == [7]
+
+
+def test_an_observed_mirror_failure_leaves_the_exit_status_alone(
+    s3_server: S3, s3_url: str, tmp_path: Path
+) -> None:
+    """A failed upload that close() raised (and the script handled) does not change the exit
+    status: only failures nothing reported do."""
+    proc = _run_unobserved(s3_server, s3_url, tmp_path, "observed")
+    assert re.search(r"fault fired [1-9]", proc.stderr), proc.stderr  # the fault was hit
+    assert "close raised" in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing waited" not in proc.stderr
+
+
+def test_a_dropped_async_remote_committer_failure_makes_the_exit_status_non_zero(
+    s3_server: S3, s3_url: str, tmp_path: Path
+) -> None:
+    """An AsyncRemoteCommitter whose failed commit nothing raised exits 1 naming the step,
+    even when the committer itself was garbage-collected before the exit."""
+    proc = _run_unobserved(s3_server, s3_url, tmp_path, "async")
+    assert re.search(r"fault fired [1-9]", proc.stderr), proc.stderr  # the fault was hit
+    assert proc.returncode == 1, proc.stderr
+    assert "background commit of step 7 failed and nothing waited for it" in proc.stderr

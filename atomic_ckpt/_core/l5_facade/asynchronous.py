@@ -19,13 +19,10 @@ of 0, so a job script cannot mistake a lost checkpoint for success.
 
 from __future__ import annotations
 
-import atexit
 import copy
 import logging
-import os
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
@@ -38,34 +35,6 @@ from atomic_ckpt._core.l5_facade.checkpoint import CheckpointDir
 from atomic_ckpt._core.l5_facade.closing import ClosesOnExit
 
 log = logging.getLogger(__name__)
-
-_LIVE: weakref.WeakSet[AsyncCommitter] = weakref.WeakSet()
-
-
-def _unobserved_failures_at_exit() -> None:
-    """Exit with status 1 if a background commit failed and no call raised its error."""
-    failed = []
-    for committer in list(_LIVE):
-        thread = committer._thread
-        if thread is not None:
-            thread.join()
-        if committer._error is not None:
-            failed.append((committer._failed_step, committer._error))
-    if not failed:
-        return
-    for step, error in failed:
-        print(
-            f"atomic_ckpt: the background commit of step {step} failed and nothing waited "
-            f"for it (call AsyncCommitter.close() before exiting): {error!r}",
-            file=sys.stderr,
-        )
-    logging.shutdown()  # os._exit skips the atexit handlers registered before this one
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
-
-
-atexit.register(_unobserved_failures_at_exit)
 
 ASYNC_STATE_FILE = "state.pt"
 """Where the default writer (``torch.save``) puts a state handed to :meth:`AsyncCommitter.save`."""
@@ -152,6 +121,7 @@ class AsyncCommitter(ClosesOnExit):
     """
 
     _closing_what = "the background commit"
+    _failure_what = "the background commit"
 
     def __init__(
         self,
@@ -167,9 +137,8 @@ class AsyncCommitter(ClosesOnExit):
         self._step: int | None = None
         self._error: BaseException | None = None
         self._closed = False
-        self._failed_step: int | None = None
         self._lock = threading.Lock()
-        _LIVE.add(self)
+        self._watch()
 
     def __repr__(self) -> str:
         return f"AsyncCommitter({self._ckpts!r}, pending={self.pending})"
@@ -247,7 +216,13 @@ class AsyncCommitter(ClosesOnExit):
             self._thread = None
         error, self._error = self._error, None
         if error is not None:
+            self._observed()
             raise error
+
+    def _join_at_exit(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def _run(self, step: int, job: Callable[[Path], None], metadata: dict[str, Any]) -> None:
         try:
@@ -256,4 +231,5 @@ class AsyncCommitter(ClosesOnExit):
         except BaseException as exc:
             exc.add_note(f"atomic_ckpt: raised by the background commit of step {step}")
             log.error("background commit of step %d failed: %r", step, exc)
-            self._error, self._failed_step = exc, step
+            self._error = exc
+            self._failed(step, exc)
