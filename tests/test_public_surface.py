@@ -89,6 +89,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "AsyncRemoteCommitter",
         "DEFAULT_GRACE",
         "Mirror",
+        "NoSuchBucketError",
         "RemoteCheckpoint",
         "RemoteCheckpointDir",
         "RemoteCommit",

@@ -32,13 +32,14 @@ from atomic_ckpt.remote._dir import DEFAULT_GRACE, RemoteCheckpointDir
 from atomic_ckpt.remote._entries import RemoteEntry
 from atomic_ckpt.remote._mirror import AsyncRemoteCommitter, Mirror
 from atomic_ckpt.remote._protocol import ATTEMPT_KEY, RemoteCheckpoint
-from atomic_ckpt.remote._store import UnsupportedStoreError
+from atomic_ckpt.remote._store import NoSuchBucketError, UnsupportedStoreError
 
 __all__ = [
     "ATTEMPT_KEY",
     "DEFAULT_GRACE",
     "AsyncRemoteCommitter",
     "Mirror",
+    "NoSuchBucketError",
     "RemoteCheckpoint",
     "RemoteCheckpointDir",
     "RemoteCommit",

@@ -20,7 +20,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from atomic_ckpt.remote._store import ObjectInfo, PreconditionFailed, Store, Upload, read_range
+from atomic_ckpt.remote._store import (
+    NoSuchBucketError,
+    ObjectInfo,
+    PreconditionFailed,
+    Store,
+    Upload,
+    read_range,
+)
 
 # fsspec and s3fs ship no type information: imported as modules of type Any, so that
 # mypy --strict needs no override for them.
@@ -57,6 +64,10 @@ def _client_error(exc: BaseException) -> tuple[int | None, str | None]:
             return status, response.get("Error", {}).get("Code")
         seen = seen.__cause__ or seen.__context__
     return None, None
+
+
+def _is_no_such_bucket(exc: BaseException) -> bool:
+    return _client_error(exc)[1] == "NoSuchBucket"
 
 
 def _is_412(exc: BaseException) -> bool:
@@ -109,6 +120,21 @@ class S3Store(Store):
         except _BOTOCORE.BotoCoreError as exc:  # transport errors: not OSErrors in botocore
             key = kwargs.get("Key") or kwargs.get("Prefix") or ""
             raise OSError(f"{self.url}: {method} {key} failed: {exc}") from exc
+        except FileNotFoundError as exc:
+            # s3fs makes NoSuchBucket a FileNotFoundError, like NoSuchKey: told apart
+            # here, so that no caller reads a missing bucket as a missing checkpoint.
+            if _is_no_such_bucket(exc):
+                raise NoSuchBucketError(
+                    f"{self.url}: the bucket {self.bucket!r} does not exist"
+                    f"{self._where()}: create it, or check the URL and the endpoint",
+                    path=None,
+                ) from exc
+            raise
+
+    def _where(self) -> str:
+        endpoint = getattr(getattr(self.fs, "s3", None), "meta", None)
+        url = getattr(endpoint, "endpoint_url", None)
+        return f" at {url}" if url else ""
 
     # ------------------------------------------------------------ the commit point
 

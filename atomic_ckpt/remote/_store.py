@@ -38,6 +38,11 @@ class UnsupportedStoreError(CheckpointError, OSError):
     compare-and-swap write), so nothing is committed there."""
 
 
+class NoSuchBucketError(CheckpointError, OSError):
+    """The root's bucket does not exist (on this endpoint). An error, not a missing
+    checkpoint: it is no FileNotFoundError, so nothing reads it as "no such step"."""
+
+
 class PreconditionFailed(Exception):
     """A conditional write found the key not in the state it required (HTTP 412)."""
 

@@ -232,3 +232,38 @@ def test_bad_metadata_and_steps_are_refused_before_any_upload(rdir: RemoteCheckp
     with pytest.raises(InvalidStepError):
         rdir.begin(True)
     assert rdir.entries() == []
+
+
+def test_a_missing_bucket_is_an_error_not_a_missing_step(s3_server: S3, tmp_path: Path) -> None:
+    """On a bucket that does not exist, every call raises NoSuchBucketError (an OSError, not
+    a FileNotFoundError or CheckpointNotFoundError: nothing says the step is absent) naming
+    the bucket and what to do; a missing step in a bucket that exists stays not-found."""
+    from atomic_ckpt.remote import NoSuchBucketError
+
+    bucket = f"t-missing-{uuid.uuid4().hex[:12]}"
+    gone = RemoteCheckpointDir(
+        f"s3://{bucket}/run", storage_options=s3_server.options(), staging_dir=tmp_path / "st"
+    )
+    calls = {
+        "get": lambda: gone.get(3),
+        "fetch": lambda: gone.fetch(3, tmp_path / "dest"),
+        "verify": lambda: gone.verify(3),
+        "steps": gone.steps,
+        "checkpoints": gone.checkpoints,
+        "latest": gone.latest,
+        "latest(verify=True)": lambda: gone.latest(verify=True),
+        "entries": gone.entries,
+        "delete": lambda: gone.delete(3),
+        "prune": lambda: gone.prune(keep_last=1),
+        "clean": lambda: gone.clean(grace=0),
+        "begin": lambda: gone.begin(3),
+    }
+    for what, call in calls.items():
+        with pytest.raises(NoSuchBucketError) as caught:
+            call()
+        assert not isinstance(caught.value, FileNotFoundError), what
+        assert isinstance(caught.value, OSError), what
+        assert f"bucket {bucket!r} does not exist" in str(caught.value), what
+        assert "create it" in str(caught.value), what
+    assert not (tmp_path / "dest").exists()
+    assert not issubclass(NoSuchBucketError, CheckpointNotFoundError)

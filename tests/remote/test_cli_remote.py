@@ -87,3 +87,20 @@ def test_errors_are_one_line(s3_server: S3, capsys) -> None:
     capsys.readouterr()
     assert main(["ls", "file:///tmp/x"]) == 2
     assert "CheckpointDir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command", [["verify", "3"], ["verify"], ["ls"], ["latest"], ["fetch", "3", "DEST"]]
+)
+def test_a_missing_bucket_exits_2_not_1(
+    s3_server: S3, tmp_path: Path, capsys, command: list[str]
+) -> None:
+    """verify/ls/latest/fetch on a bucket that does not exist exit 2 (an error) with one line
+    saying the bucket does not exist, not 1 ("no such checkpoint") or 0 ("no checkpoints")."""
+    url = "s3://t-no-such-bucket-here/run"
+    args = [a.replace("DEST", str(tmp_path / "dest")) for a in command]
+    assert main([args[0], url, *args[1:], *_opts(s3_server)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1, captured.err
+    assert "bucket 't-no-such-bucket-here' does not exist" in captured.err
+    assert "no complete checkpoint" not in captured.out + captured.err
