@@ -32,7 +32,7 @@ from atomic_ckpt.remote import _clean, _entries, _fetch, _protocol
 from atomic_ckpt.remote._commit import RemoteCommit
 from atomic_ckpt.remote._entries import RemoteEntry
 from atomic_ckpt.remote._open import open_store
-from atomic_ckpt.remote._protocol import ATTEMPT_KEY, RemoteCheckpoint
+from atomic_ckpt.remote._protocol import RemoteCheckpoint
 from atomic_ckpt.remote._s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Store
 from atomic_ckpt.remote._store import Store
 
@@ -230,11 +230,13 @@ class RemoteCheckpointDir:
         The step's current manifest (if any) is noted now: publishing replaces
         exactly that one, and fails with StepConflictError if another writer
         committed the step meanwhile. ``retain`` is applied after a successful publish.
+
+        ``metadata`` may be a fetched checkpoint's (copying it to another root): the
+        attempt it names under :data:`ATTEMPT_KEY` is the source's, and the commit
+        names its own there instead. Any other value under that key is refused.
         """
         step = _check_step(step)
-        meta = dict(metadata or {})
-        if ATTEMPT_KEY in meta:
-            raise ValueError(f"metadata key {ATTEMPT_KEY!r} is reserved")
+        meta = _protocol.carried_metadata(metadata or {})
         try:  # checked now, not after the upload: a JSON object that fits in a manifest
             Manifest(step=step, metadata=meta).to_bytes()
         except (TypeError, ValueError) as exc:

@@ -51,6 +51,20 @@ PROBE_DIR = ".atomic_ckpt-probe"
 ATTEMPT_RE = re.compile(r"[0-9a-f]{32}", re.ASCII)
 
 
+def carried_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` for a new commit, without the attempt a fetched checkpoint's manifest
+    names (the source store's bookkeeping; the commit names its own). A value under
+    :data:`ATTEMPT_KEY` that no store wrote is refused: it would be silently replaced."""
+    meta = dict(metadata)
+    attempt = meta.pop(ATTEMPT_KEY, None)
+    if attempt is not None and not (isinstance(attempt, str) and ATTEMPT_RE.fullmatch(attempt)):
+        raise ValueError(
+            f"metadata key {ATTEMPT_KEY!r} is reserved: a commit records its own attempt "
+            f"there (a fetched checkpoint's 32-hex value is dropped), not {attempt!r}"
+        )
+    return meta
+
+
 def manifest_key(name: str) -> str:
     """The key of the manifest of the step named ``name`` (``prefix + step``)."""
     return f"{name}/{MARKER}"

@@ -215,3 +215,49 @@ def test_a_dropped_async_remote_committer_failure_makes_the_exit_status_non_zero
     assert re.search(r"fault fired [1-9]", proc.stderr), proc.stderr  # the fault was hit
     assert proc.returncode == 1, proc.stderr
     assert "background commit of step 7 failed and nothing waited for it" in proc.stderr
+
+
+# ---------------------------------------------------------------- bucket to bucket
+
+
+def test_a_fetched_checkpoint_mirrors_and_commits_to_another_bucket(
+    remote: RemoteCheckpointDir, s3_server: S3, tmp_path: Path
+) -> None:
+    """A checkpoint fetched from one bucket (its marker names that bucket's attempt) can be
+    mirrored, uploaded and committed with its metadata to another bucket: the copy keeps
+    the user's metadata and names its own attempt; a user's own value under the reserved
+    key is still refused."""
+    import uuid
+
+    import s3fs
+
+    from atomic_ckpt.remote import ATTEMPT_KEY
+
+    with remote.commit(3, metadata={"loss": 0.25}) as path:
+        expected = write_tree(path, 3)
+    local = CheckpointDir(tmp_path / "local")
+    fetched = remote.fetch(3, local.path_of(3))
+    assert fetched.manifest.metadata[ATTEMPT_KEY] == remote.get(3).attempt
+
+    other_bucket = f"t-{uuid.uuid4().hex[:20]}"
+    s3fs.S3FileSystem(**s3_server.options()).mkdir(other_bucket)
+    other = RemoteCheckpointDir(
+        f"s3://{other_bucket}/run", storage_options=s3_server.options(), staging_dir=tmp_path
+    )
+    with Mirror(local, other) as mirror:
+        mirror.mirror(3)
+    copied = other.get(3)
+    assert copied.manifest.metadata == {"loss": 0.25, ATTEMPT_KEY: copied.attempt}
+    assert copied.attempt != remote.get(3).attempt
+    assert read_tree(other.verify(3) and other.fetch(3, tmp_path / "back").path) == expected
+
+    metadata = dict(fetched.manifest.metadata)
+    assert other.upload(4, fetched.path, metadata=metadata).manifest.metadata["loss"] == 0.25
+    with other.commit(5, metadata=metadata) as path:
+        write_tree(path, 5)
+    assert other.get(5).manifest.metadata == {"loss": 0.25, ATTEMPT_KEY: other.get(5).attempt}
+    with AsyncRemoteCommitter(other) as saver:
+        saver.save(6, functools.partial(write_tree, seed=6), metadata=metadata)
+    assert other.steps() == [3, 4, 5, 6]
+    with pytest.raises(ValueError, match="reserved"):
+        other.begin(7, metadata={ATTEMPT_KEY: "mine"})
