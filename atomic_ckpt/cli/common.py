@@ -8,9 +8,10 @@ uses only atomic_ckpt's public API.)
 from __future__ import annotations
 
 import argparse
+import re
 from typing import TYPE_CHECKING
 
-from atomic_ckpt import CheckpointDir
+from atomic_ckpt import CheckpointDir, VerificationError
 
 if TYPE_CHECKING:
     from atomic_ckpt.remote import RemoteCheckpointDir
@@ -28,14 +29,41 @@ class Failure(Exception):
         self.status = status
 
 
+_MORE = re.compile(r" \(and \d+ more: see \.problems\)$")
+"""How a VerificationError's message points a Python caller at its ``problems``."""
+
+
+def error_lines(exc: BaseException) -> list[str]:
+    """What the command line prints for an error: one line, and for a failed verification
+    with several problems, one more line for each problem after the first (the message
+    names the first; its pointer to the ``problems`` attribute means nothing here)."""
+    message = str(exc)
+    if isinstance(exc, VerificationError) and len(exc.problems) > 1:
+        message = _MORE.sub("", message)
+        return [f"atomic-ckpt: error: {message}", *(f"  {p}" for p in exc.problems[1:])]
+    return [f"atomic-ckpt: error: {message}"]
+
+
 def is_url(root: str) -> bool:
     return "://" in root
 
 
 def open_remote(args: argparse.Namespace) -> RemoteCheckpointDir:
-    from atomic_ckpt.remote import RemoteCheckpointDir  # ImportError names the extra
+    from atomic_ckpt.remote import (  # ImportError names the extra
+        RemoteCheckpointDir,
+        UnsupportedStoreError,
+    )
 
-    return RemoteCheckpointDir(args.root, storage_options=args.storage_options, prefix=args.prefix)
+    try:
+        return RemoteCheckpointDir(
+            args.root, storage_options=args.storage_options, prefix=args.prefix
+        )
+    except UnsupportedStoreError:
+        raise Failure(
+            f"{args.root}: not a store atomic_ckpt commits to (it needs create-only and "
+            "compare-and-swap writes): ROOT is a local directory (a mounted filesystem "
+            "too), s3://bucket/prefix or memory://name"
+        ) from None
 
 
 def open_local(args: argparse.Namespace) -> CheckpointDir:

@@ -1,8 +1,9 @@
 """The ``atomic-ckpt`` command line.
 
 Exit status: 0 success; 1 "nothing there" (no checkpoint, a failed
-verification) so shell scripts can branch on it; 2 an error (bad input, I/O).
-Errors print one line on stderr, never a traceback.
+verification) so shell scripts can branch on it; 2 an error (bad input, I/O,
+a bucket that does not exist). Errors print one line on stderr (a failed
+verification: then one line per further problem), never a traceback.
 
 ROOT is a directory or an object-store URL (``s3://bucket/prefix``,
 ``memory://``): ``ls``, ``latest``, ``verify``, ``clean``, ``prune`` and ``fetch``
@@ -31,6 +32,7 @@ from atomic_ckpt.cli.common import (
     EXIT_NONE,
     EXIT_OK,
     Failure,
+    error_lines,
     is_url,
     open_local,
     open_remote,
@@ -118,7 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"atomic-ckpt: {exc}", file=sys.stderr)
         return exc.status
     except (CheckpointError, OSError, ValueError, ImportError) as exc:
-        print(f"atomic-ckpt: error: {exc}", file=sys.stderr)
+        for line in error_lines(exc):
+            print(line, file=sys.stderr)
+        return EXIT_ERROR
+    except TypeError as exc:
+        if getattr(args, "storage_options", None) is None:
+            raise  # a bug, not bad input: the traceback is what to report
+        print(f"atomic-ckpt: error: --storage-options was refused: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("atomic-ckpt: interrupted", file=sys.stderr)
@@ -176,6 +184,11 @@ def _clean(args: argparse.Namespace) -> int:
 
 def _prune(args: argparse.Namespace) -> int:
     deleted: list[Path] | list[str]
+    if args.keep_last < 1:
+        raise Failure(
+            f"--keep-last must be at least 1 (the newest checkpoint is never deleted), "
+            f"got {args.keep_last}"
+        )
     if is_url(args.root):
         deleted = open_remote(args).prune(keep_last=args.keep_last)
     else:
@@ -204,7 +217,8 @@ def _mark_complete(args: argparse.Namespace) -> int:
             + (f" with prefix {args.prefix!r}" if args.prefix else " (use --prefix if it has one)")
         )
     ckpt = CheckpointDir(path.parent, prefix=args.prefix).mark_complete(step)
-    print(f"marked {ckpt.path} complete ({len(ckpt.manifest.files)} entries)")
+    count = len(ckpt.manifest.files)
+    print(f"marked {ckpt.path} complete ({count} {'entry' if count == 1 else 'entries'})")
     return EXIT_OK
 
 

@@ -43,18 +43,7 @@ def verify(args: argparse.Namespace) -> int:
         finally:
             if bar is not None:
                 bar.close()
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        for r in results:
-            if r.get("gone"):
-                print(f"step {r['step']}: gone (deleted during the run)")
-            elif r["ok"]:
-                note = " (legacy marker: presence only)" if r["legacy"] else ""
-                print(f"step {r['step']}: ok{note}")
-            else:
-                print(f"step {r['step']}: FAILED: {r['error']}")
-    return EXIT_OK if all(r["ok"] for r in results) else EXIT_NONE
+    return _report(results, as_json=args.json)
 
 
 def _verify_remote(args: argparse.Namespace) -> int:
@@ -72,12 +61,33 @@ def _verify_remote(args: argparse.Namespace) -> int:
             if isinstance(exc, VerificationError):
                 result["problems"] = list(exc.problems)
             results.append(result)
-    if args.json:
+    return _report(results, as_json=args.json)
+
+
+def _report(results: list[dict[str, Any]], *, as_json: bool) -> int:
+    """Print each step's verdict (a failed one's problems under it, one per line) or the
+    JSON list; the exit status: 0 if every step is ok, else 1."""
+    if as_json:
         print(json.dumps(results, indent=1))
     else:
         for r in results:
-            print(f"step {r['step']}: ok" if r["ok"] else f"step {r['step']}: FAILED: {r['error']}")
+            for line in verdict(r):
+                print(line)
     return EXIT_OK if all(r["ok"] for r in results) else EXIT_NONE
+
+
+def verdict(r: dict[str, Any]) -> list[str]:
+    """The lines ``verify`` prints for one step's result."""
+    if r.get("gone"):
+        return [f"step {r['step']}: gone (deleted during the run)"]
+    if r["ok"]:
+        note = " (legacy marker: presence only)" if r.get("legacy") else ""
+        return [f"step {r['step']}: ok{note}"]
+    problems = r.get("problems") or []
+    if not problems:
+        return [f"step {r['step']}: FAILED: {r['error']}"]
+    count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
+    return [f"step {r['step']}: FAILED ({count})", *(f"  {p}" for p in problems)]
 
 
 def _verify_one(

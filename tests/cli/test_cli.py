@@ -194,3 +194,54 @@ def test_url_only_options_are_refused_for_a_local_root(populated: CheckpointDir,
     assert "URL" in capsys.readouterr().err
     assert main(["ls", root, "--storage-options", "{}"]) == 2
     assert "URL" in capsys.readouterr().err
+
+
+def test_verify_prints_every_problem_under_the_verdict(ckpts: CheckpointDir, capsys) -> None:
+    """`verify ROOT STEP` on a checkpoint with three bad files prints the verdict, then each
+    problem on its own line (no Python attribute names); --json lists the same three."""
+    with ckpts.commit(5) as path:
+        for name in ("a.bin", "b.bin", "c.bin", "d.bin"):
+            (path / name).write_bytes(name.encode() * 100)
+    for name in ("a.bin", "c.bin"):
+        (ckpts.root / "5" / name).write_bytes(b"x" * 500)  # same size, other bytes
+    (ckpts.root / "5" / "d.bin").unlink()
+    assert main(["verify", str(ckpts.root), "5"]) == 1
+    out = capsys.readouterr().out
+    assert ".problems" not in out
+    lines = out.splitlines()
+    assert lines[0] == "step 5: FAILED (3 problems)"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        f"  {ckpts.root / '5' / name}" for name in ("a.bin", "c.bin", "d.bin")
+    ]
+    assert "checksum" in lines[1]
+    assert "missing" in lines[3]
+    assert main(["verify", str(ckpts.root), "5", "--json"]) == 1
+    [result] = json.loads(capsys.readouterr().out)
+    assert [p.strip() for p in result["problems"]] == [line.strip() for line in lines[1:]]
+
+
+def test_cli_messages_name_no_python_internals(ckpts: CheckpointDir, capsys) -> None:
+    """No message of the command line names a Python attribute, exception class or repr."""
+    with ckpts.commit(1) as path:
+        (path / "a").write_bytes(b"a")
+        (path / "b").write_bytes(b"b")
+    (ckpts.root / "1" / "a").unlink()
+    (ckpts.root / "1" / "b").unlink()
+    for argv in (
+        ["verify", str(ckpts.root)],
+        ["verify", str(ckpts.root), "9"],
+        ["latest", str(ckpts.root / "nope")],
+        ["prune", str(ckpts.root), "--keep-last", "0"],
+        ["mark-complete", str(ckpts.root / "x")],
+    ):
+        main(argv)
+        captured = capsys.readouterr()
+        text = captured.out + captured.err
+        for pythonism in (".problems", "Error(", "Traceback", "None", "self.", "keep_last"):
+            assert pythonism not in text, (argv, text)
+    assert main(["prune", str(ckpts.root), "--keep-last", "0"]) == 2
+    assert "--keep-last must be at least 1" in capsys.readouterr().err
+    (ckpts.root / "4").mkdir()
+    (ckpts.root / "4" / "only").write_bytes(b"x")
+    assert main(["mark-complete", str(ckpts.root / "4")]) == 0
+    assert capsys.readouterr().out.endswith("complete (1 entry)\n")

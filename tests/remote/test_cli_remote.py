@@ -86,7 +86,9 @@ def test_errors_are_one_line(s3_server: S3, capsys) -> None:
         main(["ls", "s3://b/x", "--storage-options", "[1]"])
     capsys.readouterr()
     assert main(["ls", "file:///tmp/x"]) == 2
-    assert "CheckpointDir" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "ROOT is a local directory" in err
 
 
 @pytest.mark.parametrize(
@@ -104,3 +106,45 @@ def test_a_missing_bucket_exits_2_not_1(
     assert captured.err.count("\n") == 1, captured.err
     assert "bucket 't-no-such-bucket-here' does not exist" in captured.err
     assert "no complete checkpoint" not in captured.out + captured.err
+
+
+def test_verify_and_fetch_print_every_problem(
+    remote: RemoteCheckpointDir, s3_server: S3, tmp_path: Path, capsys
+) -> None:
+    """verify URL STEP on a checkpoint with three damaged objects prints the verdict and each
+    problem on its own line; fetch's error names all three too; neither names a Python
+    attribute."""
+    with remote.commit(3) as path:
+        write_tree(path, 3)
+    ckpt = remote.get(3)
+    damaged = ["meta.json", "model.bin", "optim/state.bin"]
+    for rel in damaged:
+        entry = next(e for e in ckpt.manifest.files if e.path == rel)
+        src = tmp_path / "bad"
+        src.write_bytes(b"\0" * entry.size)  # the same size: complete, but not these bytes
+        from atomic_ckpt.remote import _store
+
+        remote._store.upload([_store.Upload(src, f"3/{ckpt.attempt}/{rel}", entry.size)])
+    assert main(["verify", remote.url, "3", *_opts(s3_server)]) == 1
+    out = capsys.readouterr().out
+    assert ".problems" not in out
+    lines = out.splitlines()
+    assert lines[0] == "step 3: FAILED (3 problems)"
+    assert [line.split(":")[0] for line in lines[1:]] == [f"  {rel}" for rel in damaged]
+    assert main(["fetch", remote.url, "3", str(tmp_path / "dest"), *_opts(s3_server)]) == 2
+    err = capsys.readouterr().err
+    assert ".problems" not in err
+    assert err.startswith("atomic-ckpt: error: ")
+    assert [rel for rel in damaged if f"{rel}: checksum is" in err] == damaged
+    assert len(err.splitlines()) == 3
+    assert not (tmp_path / "dest").exists()
+
+
+def test_bad_storage_options_exit_2_in_one_line(s3_server: S3, capsys) -> None:
+    """--storage-options that s3fs refuses (an unknown option) exit 2 with one line naming
+    the flag, not a traceback and status 1 ("nothing there")."""
+    opts = json.dumps({"endpoint_url": s3_server.endpoint, "no_such_option": 1})
+    assert main(["ls", "s3://b/x", "--storage-options", opts]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--storage-options was refused" in err
