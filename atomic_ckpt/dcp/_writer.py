@@ -13,13 +13,14 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, SupportsIndex
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint._extension import StreamTransformExtension
+from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
@@ -82,7 +83,10 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
     rank's write). ``on_pending``: what a writer made while this process's previous
     async save of the same root is still running does, ``"wait"`` for it or
     ``"raise"`` :class:`PendingSaveError` (on every rank alike: the ranks agree).
-    ``thread_count``, ``single_file_per_rank`` and ``per_thread_copy_ahead`` are
+    ``thread_count``, ``single_file_per_rank``, ``per_thread_copy_ahead``,
+    ``serialization_format`` and ``_extensions`` (stream transforms such as torch's
+    ``ZStandard`` compression, which needs the ``zstandard`` package; the manifest's
+    sizes and checksums are then those of the transformed files, as on disk) are
     ``FileSystemWriter``'s; ``cache_staged_state_dict`` too, but it keeps the CPU
     copy per root (across writers, one per save) and in plain CPU memory, so it works
     without an accelerator (see :meth:`stage`). Its ``sync_files`` is
@@ -120,6 +124,8 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
         single_file_per_rank: bool = True,
         per_thread_copy_ahead: int = 10_000_000,
         cache_staged_state_dict: bool = False,
+        _extensions: Sequence[StreamTransformExtension] | None = None,
+        serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE,
     ) -> None:
         if not isinstance(ckpts, CheckpointDir):
             raise TypeError(f"ckpts must be a CheckpointDir, got {type(ckpts).__name__}")
@@ -135,6 +141,8 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
             per_thread_copy_ahead=per_thread_copy_ahead,
             cache_staged_state_dict=False,  # ours: see stage()
             overwrite=True,
+            _extensions=_extensions,
+            serialization_format=serialization_format,
         )
         self._cache_staged = cache_staged_state_dict
         self._files = _CreatedFiles(writeback=ckpts.durable)

@@ -407,3 +407,151 @@ def test_start_writeback_is_a_hint_that_reports_whether_it_was_taken(tmp_path: P
     finally:
         os.close(read)
         os.close(write)
+
+
+# ---------------------------------------------------------------- stream extensions
+
+
+class _Zlib:
+    """A DCP stream extension compressing with zlib (always installed), registered by name:
+    the same mechanism as torch's ZStandard, which needs the zstandard package."""
+
+    @staticmethod
+    def make() -> Any:
+        import io
+        import zlib
+
+        from torch.distributed.checkpoint._extension import StreamTransformExtension
+
+        class Zlib(StreamTransformExtension):
+            @staticmethod
+            def registry_name() -> str:
+                return "stream.zlib@atomic-ckpt-tests"
+
+            @staticmethod
+            def from_descriptor(version: str) -> Zlib:
+                return Zlib()
+
+            def get_descriptor(self) -> str:
+                return f"{self.registry_name()}/1"
+
+            def transform_to(self, output: Any) -> Any:
+                class Writer(io.RawIOBase):
+                    def __init__(self) -> None:
+                        self.z = zlib.compressobj()
+
+                    def writable(self) -> bool:
+                        return True
+
+                    def write(self, b: Any) -> int:
+                        output.write(self.z.compress(bytes(b)))
+                        return len(memoryview(b))
+
+                    def close(self) -> None:
+                        if not self.closed:
+                            output.write(self.z.flush())
+                        super().close()
+
+                return Writer()
+
+            def transform_from(self, input: Any) -> Any:
+                return io.BytesIO(zlib.decompress(input.read()))
+
+        return Zlib
+
+
+def _big_state(seed: int) -> dict[str, object]:
+    """A state that compresses well (zeros with a little noise): compression shows on disk."""
+    w = torch.zeros(256, 256)
+    w[0] = torch.randn(256, generator=torch.Generator().manual_seed(seed))
+    return {"w": w, "n": seed}
+
+
+def test_stream_extensions_pass_through_checksummed_on_disk(
+    ckpts: CheckpointDir, tmp_path: Path
+) -> None:
+    """AtomicWriter(_extensions=[...]) compresses as FileSystemWriter does (the same bytes
+    on disk), the manifest's checksums are over the compressed files (verify passes), and
+    plain dcp.load with the extension's registry reads the state back bit-exact."""
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint._extension import ExtensionRegistry
+
+    zlib_ext = _Zlib.make()
+    writer = AtomicWriter(ckpts, 3, _extensions=[zlib_ext()])
+    dcp.save(_big_state(3), storage_writer=writer, no_dist=True)
+    ckpt = ckpts.verify(3)
+    plain = tmp_path / "plain"
+    dcp.save(
+        _big_state(3),
+        storage_writer=FileSystemWriter(plain, _extensions=[zlib_ext()]),
+        no_dist=True,
+    )
+    data = [e for e in ckpt.manifest.files if e.path.endswith(".distcp")]
+    assert data
+    for e in data:
+        on_disk = (ckpt.path / e.path).read_bytes()
+        assert e.size == len(on_disk) < 256 * 256 * 4 // 4  # compressed, and sized as on disk
+        assert on_disk == (plain / e.path).read_bytes()
+    registry = ExtensionRegistry()
+    registry.register(zlib_ext)
+    target = {"w": torch.ones(256, 256), "n": 0}
+    dcp.load(target, storage_reader=FileSystemReader(ckpt.path, _extension_registry=registry))
+    expected = _big_state(3)
+    assert torch.equal(target["w"], expected["w"])
+    assert target["n"] == 3
+
+
+def test_a_zstd_compressed_save_loads_bit_exact_with_plain_dcp_load(ckpts: CheckpointDir) -> None:
+    """torch's own ZStandard extension through AtomicWriter (sync and async): the
+    checkpoint verifies and plain dcp.load(checkpoint_id=...) reads it back bit-exact."""
+    pytest.importorskip("zstandard", reason="ZStandard needs the zstandard package")
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    writer = AtomicWriter(ckpts, 1, _extensions=[ZStandard()])
+    dcp.save(_big_state(1), storage_writer=writer, no_dist=True)
+    writer = AtomicWriter(ckpts, 2, _extensions=[ZStandard()])
+    dcp.async_save(_big_state(2), storage_writer=writer, no_dist=True).result()
+    for step in (1, 2):
+        ckpt = ckpts.verify(step)
+        sizes = [e.size for e in ckpt.manifest.files if e.path.endswith(".distcp")]
+        assert sizes
+        assert sum(sizes) < 256 * 256 * 4 // 4  # compressed on disk
+        target = {"w": torch.ones(256, 256), "n": 0}
+        dcp.load(target, checkpoint_id=ckpt.path)
+        assert torch.equal(target["w"], _big_state(step)["w"])
+        assert target["n"] == step
+
+
+@pytest.mark.parametrize("fmt", ["torch_save", "safetensors"])
+def test_serialization_format_passes_through(
+    ckpts: CheckpointDir, tmp_path: Path, fmt: str
+) -> None:
+    """AtomicWriter(serialization_format=...) writes the files FileSystemWriter writes (the
+    same bytes) and the checkpoint verifies; torch_save loads back with plain dcp.load, a
+    safetensors file with safetensors (torch 2.13's FileSystemReader reads only torch_save)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    if fmt == "safetensors":
+        pytest.importorskip("safetensors")
+    writer = AtomicWriter(ckpts, 4, serialization_format=SerializationFormat(fmt))
+    dcp.save({"w": state(4)["w"]}, storage_writer=writer, no_dist=True)
+    ckpt = ckpts.verify(4)
+    plain = tmp_path / "plain"
+    dcp.save(
+        {"w": state(4)["w"]},
+        storage_writer=FileSystemWriter(plain, serialization_format=SerializationFormat(fmt)),
+        no_dist=True,
+    )
+    data = [e.path for e in ckpt.manifest.files if e.path.endswith(".distcp")]
+    assert data
+    for rel in data:
+        assert (ckpt.path / rel).read_bytes() == (plain / rel).read_bytes()
+    if fmt == "safetensors":
+        from safetensors.torch import load_file
+
+        assert torch.equal(load_file(ckpt.path / data[0])["w"], state(4)["w"])
+        return
+    target = {"w": torch.zeros(8, 4)}
+    dcp.load(target, checkpoint_id=ckpt.path)
+    assert torch.equal(target["w"], state(4)["w"])
