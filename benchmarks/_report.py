@@ -78,7 +78,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             else ""
         ),
         "",
-        f"Run: {meta['finished']}, `{meta['command']}`; {meta['settle']}. Each cell is the "
+        f"Run: {meta['finished']}, `{meta['command']}`"
+        + (f", code {meta['code']}" if meta.get("code") else "")
+        + f"; {meta['settle']}. Each cell is the "
         "median of the repetitions (spread = (max - min) / median); ratio = median / median of "
         "`floor`; fsyncs counted in one run (files + directories).",
         "",

@@ -1,8 +1,14 @@
 """What durability costs: atomic_ckpt against the unsafe save, the durable floor and its peers.
 
-Run ``python benchmarks/fsync_overhead.py`` (full, ~15 minutes) or with
-``--quick`` (about a minute). Every method saves the same in-memory tensors;
-each timed run covers the whole save (writes included) into a fresh directory.
+Run ``python benchmarks/fsync_overhead.py`` (the full run, ~10 minutes) or with
+``--quick`` (about a minute). The full run with no options is the one committed
+table: it writes ``benchmarks/results/fsync_overhead.{md,json,png}`` (and
+``_meta.json``, which records the command and the code's commit), the source of
+the README's table; rerun exactly that command to refresh it. Runs narrowed with
+any option that changes what is measured need ``--out DIR`` elsewhere (they are
+refused without it, so that nothing overwrites the committed table with a partial
+one). Every method saves the same in-memory tensors; each timed run covers the
+whole save (writes included) into a fresh directory.
 Methods alternate within each repetition (the order rotates), and the report
 gives the median and the spread (min, max) of the runs.
 
@@ -204,23 +210,45 @@ def _cases(quick: bool, repeats: int | None) -> list[Case[Payload]]:
         else ("training state ~250 MB + Adam", 16000, 768, 6)
     )
     return [
-        Case("1 file of 1 MiB", lambda: FilesPayload("1 file of 1 MiB", 1, MiB), 15 if full else r),
+        # The small cases' fixed cost (a millisecond or two) needs many runs to settle;
+        # they are cheap. The large ones are dominated by the disk and settle sooner.
+        Case("1 file of 1 MiB", lambda: FilesPayload("1 file of 1 MiB", 1, MiB), 41 if full else r),
         Case(
             "1 file of 64 MiB",
             lambda: FilesPayload("1 file of 64 MiB", 1, 64 * MiB),
-            11 if full else r,
+            21 if full else r,
         ),
-        Case(big_name, lambda: FilesPayload(big_name, 1, big), 9 if full else r),
+        Case(big_name, lambda: FilesPayload(big_name, 1, big), 7 if full else r),
         Case(
             "1,000 files of 64 KiB",
             lambda: FilesPayload("1,000 files of 64 KiB", 1000, 64 * KiB),
             9 if full else r,
         ),
-        Case(state[0], lambda: StatePayload(*state), 11 if full else r),
+        Case(state[0], lambda: StatePayload(*state), 9 if full else r),
     ]
 
 
 # ---------------------------------------------------------------------- main
+
+DEFAULT_COMMAND = "python benchmarks/fsync_overhead.py"
+"""The command of the committed table (no options): what the README's table comes from."""
+
+
+def code_version() -> str:
+    """The checkout's commit (``+ changes`` if atomic_ckpt/ or benchmarks/ differ from it)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=HERE.parent, capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if not commit:
+        return "unknown (not a git checkout)"
+    dirty = git("status", "--porcelain", "--", "atomic_ckpt", "benchmarks")
+    return commit + (" + uncommitted changes" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="small cases, 3 runs (~1 minute)")
     size.add_argument("--tiny", action="store_true", help="KiB-sized cases (for the test suite)")
     parser.add_argument("--repeats", type=int, help="timed runs per method and case")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: benchmarks/results, for the full default run only)",
+    )
     parser.add_argument(
         "--data-dir", type=Path, default=None, help="where saves are written (default: OUT/tmp)"
     )
@@ -259,7 +292,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    out: Path = args.out
+    committed = HERE / "results"
+    narrowed = [
+        flag
+        for flag, value in (
+            ("--quick", args.quick),
+            ("--tiny", args.tiny),
+            ("--repeats", args.repeats),
+            ("--cases", args.cases),
+            ("--methods", args.methods),
+            ("--no-drop-caches", args.no_drop_caches),
+            ("--busy", args.busy),
+            ("--baseline", args.baseline),
+            ("--no-chart", args.no_chart and not args.render),
+        )
+        if value
+    ]
+    if narrowed and not args.render and (args.out is None or args.out.resolve() == committed):
+        parser.error(
+            f"{', '.join(narrowed)} {'changes' if len(narrowed) == 1 else 'change'} what is "
+            "measured: pass --out DIR (the committed "
+            f"table in {committed} is the full run's, `{DEFAULT_COMMAND}`)"
+        )
+    out: Path = args.out or committed
     if args.render:
         render(out, *load(out), chart=not args.no_chart)
         return 0
@@ -307,9 +362,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = rows_of(results, meths)
     meta = {
+        "code": code_version(),
         "machine": info,
         "machine_line": machine_line(info),
-        "command": " ".join(["python benchmarks/fsync_overhead.py", *(argv or sys.argv[1:])]),
+        "command": " ".join([DEFAULT_COMMAND, *(argv if argv is not None else sys.argv[1:])]),
         "finished": datetime.datetime.now().isoformat(timespec="seconds"),
         "duration_s": time.time() - started,
         "settle": "sync before each run"
