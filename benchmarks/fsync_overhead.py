@@ -337,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     settle = Settler(not args.no_drop_caches)
 
     warnings.filterwarnings("ignore", module="torch.distributed")
+    code = code_version()  # at the start: the code that runs
     info = machine()
     info["filesystem"] = filesystem(work)
     results: list[Result] = []
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = rows_of(results, meths)
     meta = {
-        "code": code_version(),
+        "code": code,
         "machine": info,
         "machine_line": machine_line(info),
         "command": " ".join([DEFAULT_COMMAND, *(argv if argv is not None else sys.argv[1:])]),
