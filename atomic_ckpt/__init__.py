@@ -56,7 +56,7 @@ from atomic_ckpt._core.l4_protocol.onefile import (
 )
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l5_facade.asynchronous import AsyncCommitter
-from atomic_ckpt._core.l5_facade.checkpoint import CheckpointDir
+from atomic_ckpt._core.l5_facade.checkpoint import CheckpointDir, VerifiedCheckpoint
 from atomic_ckpt._version import __version__
 
 
@@ -110,6 +110,7 @@ __all__ = [
     "SyncPolicy",
     "UnmarkedCheckpointsError",
     "VerificationError",
+    "VerifiedCheckpoint",
     "__version__",
     "atomic_write",
     "clean_temporaries",

@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, SupportsIndex
+from typing import Any, Literal, NamedTuple, SupportsIndex
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
@@ -40,6 +40,14 @@ from atomic_ckpt._core.l4_protocol.root import Root, check_step, resolve
 from atomic_ckpt._core.l4_protocol.trainer_ops import TrainerOps
 
 log = logging.getLogger(__name__)
+
+
+class VerifiedCheckpoint(NamedTuple):
+    """A checkpoint that verified, and the bytes of the files asked for, as read to verify it."""
+
+    checkpoint: Checkpoint
+    files: Mapping[str, memoryview]
+
 
 PathLike = str | os.PathLike[str]
 
@@ -161,14 +169,8 @@ class CheckpointDir(TrainerOps):
         files match its manifest: a newer one that does not is skipped with a
         warning naming it and why.
         """
-        for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
-            if not verify:
-                return ckpt
-            try:
-                return self.verify(ckpt.step)
-            except (VerificationError, CheckpointNotFoundError) as exc:
-                log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
-        return None
+        found = self._newest(verify=verify, read=())
+        return None if found is None else found.checkpoint
 
     def resume_point(self, *, verify: bool = False, fresh: bool = False) -> Checkpoint | None:
         """The checkpoint a restarted job resumes from: :meth:`latest` (``verify`` as
@@ -179,7 +181,41 @@ class CheckpointDir(TrainerOps):
         atomic_ckpt) and no complete checkpoint: adopt them with ``atomic-ckpt
         mark-complete``, or pass ``fresh=True`` to start over deliberately.
         """
-        found = self.latest(verify=verify)
+        found = self._resume(verify=verify, fresh=fresh, read=())
+        return None if found is None else found.checkpoint
+
+    def resume_verified(
+        self, read: Collection[str], *, fresh: bool = False
+    ) -> VerifiedCheckpoint | None:
+        """:meth:`resume_point` with ``verify=True``, and the bytes of the files named in
+        ``read`` (paths relative to the checkpoint) as they were read to verify it.
+
+        A loader that deserializes those bytes instead of opening the files reads each
+        byte of the checkpoint from storage once: a verified resume costs about what
+        an unverified one does, even when the checkpoint does not fit the page cache
+        (``atomic_ckpt.torch.resume(verify=True)`` works this way). A file of ``read``
+        that the checkpoint does not hold is simply absent from ``files``. A newest
+        checkpoint that does not verify is skipped with a warning, as in :meth:`latest`.
+        """
+        return self._resume(verify=True, fresh=fresh, read=frozenset(read))
+
+    def _newest(self, *, verify: bool, read: Collection[str]) -> VerifiedCheckpoint | None:
+        for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
+            if not verify:
+                return VerifiedCheckpoint(ckpt, {})
+            try:
+                checked = self.get(ckpt.step)  # its marker read whole, as verify() does
+                files = _verify.verify(checked, workers=self.workers, keep=read)
+            except (VerificationError, CheckpointNotFoundError) as exc:
+                log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
+                continue
+            return VerifiedCheckpoint(checked, files)
+        return None
+
+    def _resume(
+        self, *, verify: bool, fresh: bool, read: Collection[str]
+    ) -> VerifiedCheckpoint | None:
+        found = self._newest(verify=verify, read=read)
         if found is not None or fresh:
             return found
         unmarked = tuple(e.path for e in self.entries() if e.status == "unmarked")
