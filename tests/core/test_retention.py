@@ -104,7 +104,7 @@ def test_ties_prefer_the_newer_step(ckpts: CheckpointDir) -> None:
 def test_checkpoints_without_the_metric_are_never_best(ckpts: CheckpointDir) -> None:
     """Missing, boolean or non-finite metric values do not compete."""
     commit(ckpts, 1, loss=0.1)
-    # NaN is refused in new metadata; a marker written by an older version may hold it.
+    # A marker written by an older version (or by hand) may hold a bare NaN.
     marker = ckpts.path_of(1) / MARKER
     marker.write_text(marker.read_text().replace('"loss": 0.1', '"loss": NaN'))
     assert math.isnan(ckpts.get(1).manifest.metadata["loss"])
