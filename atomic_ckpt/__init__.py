@@ -40,6 +40,7 @@ from atomic_ckpt._core.l1_names.errors import (
 )
 from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, TMP_INFIX, parse_step
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
+from atomic_ckpt._core.l3_formats.contents import FileCheck
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
 from atomic_ckpt._core.l4_protocol.commit import Commit
@@ -95,6 +96,7 @@ __all__ = [
     "DistributedCommitError",
     "DistributedNotInitializedError",
     "Entry",
+    "FileCheck",
     "FileEntry",
     "InvalidRootError",
     "InvalidStepError",

@@ -10,8 +10,8 @@ take either (a URL needs the ``s3`` extra; ``--storage-options`` passes a JSON
 object to fsspec, and the usual AWS environment variables work).
 
 This module owns the parser, the command table and the small commands; ``ls``
-and ``verify`` live in ``_cli_ls`` and ``_cli_verify``, what they share in
-``_cli_common`` (all built on atomic_ckpt's public API alone).
+and ``verify`` live in ``cli/ls.py`` and ``cli/verify.py``, what they share in
+``cli/common.py`` (all built on atomic_ckpt's public API alone).
 """
 
 from __future__ import annotations
@@ -97,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("path", metavar="PATH", help="the step directory, e.g. ckpts/1200")
     c.add_argument("--prefix", default="", help="step directory prefix, e.g. checkpoint-")
+    c.add_argument(
+        "--no-check",
+        action="store_true",
+        help="adopt without checking safetensors headers, zip archives and JSON first",
+    )
     c = sub.add_parser("demo", help="watch a training run survive a kill mid-save")
     c.add_argument("dir", metavar="DIR", nargs="?", help="work here instead of a temp dir")
     c.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
@@ -203,8 +208,28 @@ def _mark_complete(args: argparse.Namespace) -> int:
             f"error: {path.name!r} is not a step directory name"
             + (f" with prefix {args.prefix!r}" if args.prefix else " (use --prefix if it has one)")
         )
-    ckpt = CheckpointDir(path.parent, prefix=args.prefix).mark_complete(step)
-    print(f"marked {ckpt.path} complete ({len(ckpt.manifest.files)} entries)")
+    ckpts = CheckpointDir(path.parent, prefix=args.prefix)
+    checks = [] if args.no_check or not path.is_dir() else ckpts.check_contents(step)
+    broken = [c for c in checks if not c.ok]
+    for c in checks:
+        verdict = "not checked (format not known)" if c.format is None else c.format
+        print(f"  {c.path}: {verdict}" + ("" if c.ok else f": DAMAGED: {c.problem}"))
+    if broken:
+        print(
+            f"refused: {len(broken)} file(s) of {path} are damaged, as a save killed "
+            "mid-write leaves them. Delete the directory (the run can redo that save), or "
+            "adopt it anyway with --no-check.",
+            file=sys.stderr,
+        )
+        return EXIT_NONE  # like a failed verification: nothing complete there
+    ckpt = ckpts.mark_complete(step, check=not args.no_check)
+    unchecked = sum(1 for c in checks if c.format is None)
+    how = (
+        " without checks (--no-check)"
+        if args.no_check
+        else (f"; {unchecked} file(s) of unknown formats adopted unchecked" if unchecked else "")
+    )
+    print(f"marked {ckpt.path} complete ({len(ckpt.manifest.files)} entries){how}")
     return EXIT_OK
 
 

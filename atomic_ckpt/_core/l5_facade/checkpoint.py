@@ -27,6 +27,7 @@ from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
 from atomic_ckpt._core.l3_formats import read as _read
 from atomic_ckpt._core.l3_formats import verify as _verify
+from atomic_ckpt._core.l3_formats.contents import FileCheck, check_contents
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
 from atomic_ckpt._core.l3_formats.tree import DEFAULT_WORKERS, list_tree, sync_files, sync_tree
@@ -379,14 +380,24 @@ class CheckpointDir(TrainerOps):
         with self.begin(step, metadata=metadata, retain=retain, aliases=aliases) as handle:
             yield handle.path
 
-    def mark_complete(self, step: SupportsIndex) -> Checkpoint:
+    def mark_complete(self, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
         """Adopt an existing directory written without this library.
 
-        Fsyncs its files, writes a manifest marker (replacing a legacy empty
-        one), and fsyncs the directory. A directory that already has a
-        manifest is returned unchanged.
+        Checks what can be checked without the writer first (see :meth:`check_contents`)
+        and refuses a directory whose files fail, with a
+        :class:`~atomic_ckpt.VerificationError` naming each (``check=False`` adopts it
+        anyway). Then fsyncs its files, writes a manifest marker (replacing a legacy
+        empty one), and fsyncs the directory. A directory that already has a manifest
+        is returned unchanged.
         """
-        return _adopt.adopt(self._root, step)
+        return _adopt.adopt(self._root, step, check=check)
+
+    def check_contents(self, step: SupportsIndex) -> list[FileCheck]:
+        """What can be checked of step ``step``'s files without their writer: safetensors
+        headers against the file's length, torch zip archives' central directories, JSON
+        that parses. One :class:`~atomic_ckpt.FileCheck` per regular file; ``format`` None
+        for a file of a format not known here (not checked). Read-only."""
+        return check_contents(self.path_of(step))
 
     def clean(self, *, dry_run: bool = False, force: bool = False) -> list[Path]:
         """Remove what crashed or killed saves left behind; return what was (or would be) removed.
