@@ -35,6 +35,7 @@ from atomic_ckpt.cli.common import (
     open_local,
     open_remote,
 )
+from atomic_ckpt.cli.edit import promote, rm
 from atomic_ckpt.cli.ls import ls
 from atomic_ckpt.cli.verify import verify
 
@@ -90,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     c = root_cmd("fetch", "download a checkpoint from a URL into a new local directory")
     c.add_argument("step", metavar="STEP", type=int, help="the step (see `latest`)")
     c.add_argument("dest", metavar="DEST", help="the new directory (must not exist)")
+    c = root_cmd("promote", "make the named checkpoint NAME step STEP, atomically and durably")
+    c.add_argument("name", metavar="NAME", help="a named checkpoint, e.g. interrupted")
+    c.add_argument("step", metavar="STEP", type=int, help="the step it becomes (replaced if there)")
+    c = root_cmd("rm", "delete a complete checkpoint (a step or a named one) durably")
+    c.add_argument("target", metavar="STEP|NAME", help="a step number or a checkpoint name")
+    c.add_argument(
+        "--force", action="store_true", help="also when checkpoint_best names it (the pointer goes)"
+    )
     c = sub.add_parser(
         "mark-complete",
         help="adopt a checkpoint directory written without atomic_ckpt",
@@ -251,5 +260,7 @@ _COMMANDS = {
     "prune": _prune,
     "fetch": _fetch,
     "mark-complete": _mark_complete,
+    "promote": promote,
+    "rm": rm,
     "demo": _demo,
 }

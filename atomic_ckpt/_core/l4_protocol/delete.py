@@ -178,6 +178,32 @@ def aliases_of(root: Root, names: set[str]) -> list[Path]:
     return sorted(found)
 
 
+def drop_aliases(root: Root, name: str, *, keep: list[str]) -> None:
+    """Remove the aliases naming ``name`` that are not in ``keep``, durably (under the
+    root lock): the step's older save is about to be replaced, and they would lie."""
+    stale = [a for a in aliases_of(root, {name}) if a.name not in keep]
+    for alias in stale:
+        with contextlib.suppress(FileNotFoundError):
+            _fs.unlink(alias)
+    if stale:
+        root.sync.root(root.path)
+
+
+def remove_alias(root: Root, alias: str) -> None:
+    """Remove one alias durably; CheckpointNotFoundError if there is no such alias."""
+    check_alias(root, alias)
+    path = root.path / alias
+    with root.locked():
+        if not os.path.islink(path):
+            raise CheckpointNotFoundError(
+                f"no alias {alias!r} in {root.path}"
+                + (" (that name is not a symlink)" if os.path.lexists(path) else ""),
+                path=path,
+            )
+        _fs.unlink(path)
+        root.sync.root(root.path)
+
+
 def remove_aliases(root: Root, names: set[str]) -> None:
     """Remove the aliases naming the (deleted) directories ``names`` (under the root
     lock; the caller fsyncs the root), so none is ever left dangling."""
@@ -252,6 +278,23 @@ def delete(root: Root, step: int, *, force: bool) -> Path:
         moved = move_aside(root, [ckpt.path])
     remove_moved(root, moved)
     return ckpt.path
+
+
+def delete_named(root: Root, name: str) -> Path:
+    """Delete the complete named checkpoint ``name`` durably, as :func:`delete` a step."""
+    with root.locked():
+        path = root.path / name
+        if (
+            not os.path.isdir(path)
+            or os.path.islink(path)
+            or _stage.read_marker_or_none(path) is None
+        ):
+            raise CheckpointNotFoundError(
+                f"no complete named checkpoint {name!r} in {root.path}", path=path
+            )
+        moved = move_aside(root, [path])
+    remove_moved(root, moved)
+    return path
 
 
 def require_complete(root: Root, step: int) -> Checkpoint:

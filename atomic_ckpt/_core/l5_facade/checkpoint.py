@@ -22,7 +22,12 @@ from atomic_ckpt._core.l1_names.errors import (
     UnmarkedCheckpointsError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, NAME_MAX, TMP_INFIX, is_marker_name
+from atomic_ckpt._core.l1_names.names import (
+    MARKER,
+    NAME_MAX,
+    TMP_INFIX,
+    is_marker_name,
+)
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
 from atomic_ckpt._core.l3_formats import read as _read
@@ -348,6 +353,7 @@ class CheckpointDir(TrainerOps):
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
         aliases: Collection[str] = (),
+        replace_aliases: bool = False,
     ) -> Commit:
         """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
 
@@ -355,7 +361,14 @@ class CheckpointDir(TrainerOps):
         ``commit.abort()``); or use the handle as a context manager. For code that
         cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
         """
-        return _commit.begin(self._root, step, metadata=metadata, retain=retain, aliases=aliases)
+        return _commit.begin(
+            self._root,
+            step,
+            metadata=metadata,
+            retain=retain,
+            aliases=aliases,
+            replace_aliases=replace_aliases,
+        )
 
     @contextlib.contextmanager
     def commit(
@@ -365,6 +378,8 @@ class CheckpointDir(TrainerOps):
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
         aliases: Collection[str] = (),
+        replace_aliases: bool = False,
+        join: bool = False,
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
 
@@ -375,9 +390,31 @@ class CheckpointDir(TrainerOps):
         ``metadata`` (a JSON object) is stored in the manifest. ``retain`` is
         applied once the new checkpoint is durable. ``aliases`` are symlinks in the
         root (``epoch3_step1200 -> 1200``) pointed at the checkpoint with its
-        promotion; deleting the step removes them.
+        promotion; deleting the step removes them. ``replace_aliases=True`` makes them
+        the step's only aliases: those naming the step's older save are removed
+        (durably, just before the promotion), so no label outlives the save it named.
+
+        ``join=True``: if this process already has an open commit of ``step`` (an outer
+        ``commit``/``begin`` further up the stack, or in another thread), yield its
+        staging directory and publish nothing here: the outermost commit publishes.
+        An exception leaving a joined block aborts that outer commit too (its
+        ``publish`` then raises :class:`~atomic_ckpt.CommitStateError`), so a
+        half-written part is never published. With no open commit, ``join`` commits
+        as usual. (:meth:`staging` answers the same question without committing.)
         """
-        with self.begin(step, metadata=metadata, retain=retain, aliases=aliases) as handle:
+        if join:
+            outer = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
+            if outer is not None:
+                with _commit.joined(outer) as path:
+                    yield path
+                return
+        with self.begin(
+            step,
+            metadata=metadata,
+            retain=retain,
+            aliases=aliases,
+            replace_aliases=replace_aliases,
+        ) as handle:
             yield handle.path
 
     def mark_complete(self, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
@@ -462,12 +499,29 @@ class CheckpointDir(TrainerOps):
         durably (CheckpointNotFoundError if it is not complete)."""
         return _delete.set_best(self._root, check_step(step))
 
-    def delete(self, step: SupportsIndex, *, force: bool = False) -> Path:
-        """Delete the complete checkpoint of ``step`` durably; return its path.
+    def delete(self, step: SupportsIndex | str, *, force: bool = False) -> Path:
+        """Delete the complete checkpoint of ``step`` (or the named checkpoint ``step``,
+        a string that is not a step) durably; return its path.
 
         It disappears at once (renamed out of sight, the rename made durable), then
         its files are removed, the marker first; its aliases go too. The step
         ``checkpoint_best`` names is refused (StepConflictError) unless ``force``,
         which removes the pointer as well. The latest step may be deleted.
         """
-        return _delete.delete(self._root, check_step(step), force=force)
+        number, name = self._target(step)
+        if number is None:
+            return _delete.delete_named(self._root, name)
+        return _delete.delete(self._root, number, force=force)
+
+    def aliases(self, step: SupportsIndex | str) -> list[str]:
+        """The aliases (symlinks in the root) naming ``step``'s checkpoint (or the named
+        checkpoint ``step``), sorted. Read-only."""
+        _, name = self._target(step)
+        if not self.root.is_dir():
+            return []
+        return [p.name for p in _delete.aliases_of(self._root, {name})]
+
+    def remove_alias(self, alias: str) -> None:
+        """Remove the alias ``alias``, durably (CheckpointNotFoundError if there is none);
+        the checkpoint it named is left alone."""
+        _delete.remove_alias(self._root, alias)
