@@ -94,7 +94,10 @@ class Trainer:
 
     def save_epoch(self) -> None:
         alias = f"epoch{self.epoch}_step{self.global_step}"
-        self.save(self.ckpts.commit(self.epoch, metadata=self.position(True), aliases=[alias]))
+        commit = self.ckpts.commit(
+            self.epoch, metadata=self.position(True), aliases=[alias], replace_aliases=True
+        )  # a re-saved epoch keeps one label, its own
+        self.save(commit)
         self.validate_and_amend(self.epoch)
 
     def validate_and_amend(self, epoch: int) -> None:
