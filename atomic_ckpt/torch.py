@@ -41,9 +41,13 @@ __all__ = [
 ]
 
 MODEL_FILE = "model.safetensors"
+"""The model's parameters and buffers, in safetensors format."""
 OPTIMIZER_FILE = "optimizer.pt"
+"""The optimizer's ``state_dict`` (``torch.save``; loaded with ``weights_only=True``)."""
 SCHEDULER_FILE = "scheduler.pt"
+"""The scheduler's ``state_dict`` (``torch.save``; loaded with ``weights_only=True``)."""
 STATE_FILE = "training_state.json"
+"""Step, epoch and your metadata, as JSON."""
 STATE_FILES = (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE)
 """The files :func:`write_state` writes (what a verified :func:`resume` keeps in memory)."""
 

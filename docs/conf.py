@@ -13,6 +13,7 @@ text moved over unchanged. No intersphinx: the build must not touch the network.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
@@ -23,7 +24,7 @@ import atomic_ckpt  # noqa: E402
 
 project = "atomic_ckpt"
 author = "atomic_ckpt developers"
-copyright = "atomic_ckpt developers"  # noqa: A001
+copyright = "atomic_ckpt developers"
 release = atomic_ckpt.__version__
 version = release
 
@@ -40,7 +41,6 @@ root_doc = "index"
 
 myst_enable_extensions = ["deflist", "colon_fence", "substitution"]
 myst_heading_anchors = 3
-
 
 
 def _extras() -> dict[str, list[str]]:
@@ -65,8 +65,6 @@ def _installed(name: str) -> str:
 
 def _ci_torch() -> str:
     """The torch that .ci/run installs first (the CPU build CI tests)."""
-    import re
-
     with open(os.path.join(os.path.dirname(HERE), ".ci", "run")) as f:
         found = re.search(r"torch==([0-9][0-9.]*)", f.read())
     if found is None:
@@ -96,8 +94,20 @@ def _substitutions() -> dict[str, str]:
     }
     for extra, requirements in extras.items():
         subs[f"extra_{extra}"] = ", ".join(f"`{r}`" for r in requirements)
-    for dist in ("torch", "transformers", "accelerate", "lightning", "pytorch-lightning",
-                 "deepspeed", "fsspec", "s3fs", "safetensors"):
+        for r in requirements:  # req_<name>: one requirement, wherever it is declared
+            name = re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("-", "_")
+            subs.setdefault(f"req_{name}", f"`{r}`")
+    for dist in (
+        "torch",
+        "transformers",
+        "accelerate",
+        "lightning",
+        "pytorch-lightning",
+        "deepspeed",
+        "fsspec",
+        "s3fs",
+        "safetensors",
+    ):
         subs["built_" + dist.replace("-", "_")] = _installed(dist)
     return subs
 
@@ -142,10 +152,14 @@ def _public_target(app: Any, env: Any, node: Any, contnode: Any) -> Any:
         return None
     matches.sort(key=len)  # atomic_ckpt.Name before atomic_ckpt.remote.Name
     return py.resolve_xref(
-        env, node.get("refdoc"), app.builder, node.get("reftype", "class"), matches[0], node, contnode
+        env,
+        node.get("refdoc"),
+        app.builder,
+        node.get("reftype", "class"),
+        matches[0],
+        node,
+        contnode,
     )
-
-
 
 
 PUBLIC_MODULES = [

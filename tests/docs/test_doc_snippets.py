@@ -106,8 +106,8 @@ def needs(code: str) -> set[str]:
     """The optional packages a block imports, directly or through the library."""
     found: set[str] = set()
     for m in _IMPORT.finditer(code):
-        for name in (m[1] or m[2]).split(","):
-            name = name.strip()
+        for raw in (m[1] or m[2]).split(","):
+            name = raw.strip()
             if name.split(".")[0] in OPTIONAL:
                 found.add(name.split(".")[0])
             for module, packages in SUBMODULE_NEEDS.items():
