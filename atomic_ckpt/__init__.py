@@ -5,7 +5,7 @@
     from atomic_ckpt import CheckpointDir
 
     ckpts = CheckpointDir("checkpoints")
-    with ckpts.commit(step) as path:       # path is a staging dir: .tmp-N.<uuid>/
+    with ckpts.commit(step) as path:       # path is a staging dir: N.tmp-<uuid>/
         save_everything_into(path)         # any save function
     # here checkpoints/<step>/ is complete and durable, or untouched on error
     last = ckpts.latest()                  # newest *complete* checkpoint, or None

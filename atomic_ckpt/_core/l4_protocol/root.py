@@ -17,7 +17,15 @@ from atomic_ckpt._core.l1_names.errors import (
     InvalidStepError,
     wrap_os_error,
 )
-from atomic_ckpt._core.l1_names.names import ROOT_LOCK, fits, step_name
+from atomic_ckpt._core.l1_names.names import (
+    ROOT_LOCK,
+    TAG_STAGING,
+    fits,
+    hidden_tmp,
+    lock_name,
+    step_name,
+    tmp_name,
+)
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l2_syscalls.sync import SyncPolicy
@@ -62,6 +70,15 @@ class Root:
                 step=step,
             )
         return name
+
+    def tmp_name(self, name: str, token: str, tag: str = TAG_STAGING) -> str:
+        """The staging (or aside) name of the entry ``name`` in this root's form: the
+        design's ``N.tmp-<hex>`` in a plain root, ``.tmp-<prefix>N.<hex>`` with a prefix."""
+        return tmp_name(name, token, tag, hidden=hidden_tmp(self.prefix))
+
+    def lock_name(self, name: str, token: str) -> str:
+        """The lock file beside :meth:`tmp_name` ``(name, token)``."""
+        return lock_name(name, token, hidden=hidden_tmp(self.prefix))
 
     def wrap(self, exc: OSError) -> BaseException:
         """The error to raise for ``exc`` met while writing into this root."""

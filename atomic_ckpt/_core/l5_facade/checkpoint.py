@@ -22,7 +22,7 @@ from atomic_ckpt._core.l1_names.errors import (
     UnmarkedCheckpointsError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, NAME_MAX, TMP_INFIX, is_marker_name
+from atomic_ckpt._core.l1_names.names import MARKER, check_prefix, is_marker_name
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
 from atomic_ckpt._core.l3_formats import read as _read
@@ -72,10 +72,7 @@ class CheckpointDir(TrainerOps):
         workers: int | None = None,
         sync: SyncPolicy | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix or TMP_INFIX in prefix:
-            raise ValueError(f"prefix {prefix!r} must be a plain name fragment")
-        if len(prefix) > NAME_MAX // 2:
-            raise ValueError(f"prefix {prefix[:20]!r}... is too long for a directory name")
+        check_prefix(prefix)
         if checksum is not None and checksum not in CHECKSUMS:
             raise ValueError(f"unknown checksum {checksum!r}; choose one of {sorted(CHECKSUMS)}")
         if workers is not None and (
@@ -360,7 +357,7 @@ class CheckpointDir(TrainerOps):
         writer is alive (it holds the lock) is never touched. An old copy moved
         aside by the fallback replace whose step is now missing is renamed back
         instead (logged, not returned). ``force`` also removes entries of the
-        library's form (``.tmp-<name>.<32 hex>``, or 0.1.0's ``<name>.tmp-<32 hex>``)
+        library's forms (``<name>.tmp-<32 hex>``, or the hidden ``.tmp-<name>.<32 hex>``)
         that carry no evidence that it made them, such as a staging dir whose lock
         file a power loss dropped; use it only where no other tool names files
         that way.
@@ -371,7 +368,7 @@ class CheckpointDir(TrainerOps):
         """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
 
         ``retain(RetentionPolicy(keep_last=keep_last))``: each is first renamed
-        out of sight (``.tmp-N.del-…``) and the rename made durable, so an
+        out of sight (``N.tmp-del-…``) and the rename made durable, so an
         interrupted deletion never leaves a complete-looking directory. The
         latest checkpoint, and the one ``checkpoint_best`` names, are never deleted.
         """
