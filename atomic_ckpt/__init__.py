@@ -36,6 +36,7 @@ from atomic_ckpt._core.l1_names.errors import (
     StagingLostError,
     StepConflictError,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
     VerificationError,
 )
 from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, TMP_INFIX, parse_step
@@ -109,6 +110,7 @@ __all__ = [
     "StepConflictError",
     "SyncPolicy",
     "UnmarkedCheckpointsError",
+    "UnusableCheckpointsError",
     "VerificationError",
     "__version__",
     "atomic_write",

@@ -20,6 +20,7 @@ from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     InvalidRootError,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
     VerificationError,
 )
 from atomic_ckpt._core.l1_names.names import MARKER, check_prefix, is_marker_name
@@ -158,6 +159,11 @@ class CheckpointDir(TrainerOps):
         files match its manifest: a newer one that does not is skipped with a
         warning naming it and why.
         """
+        return self._newest(verify=verify, rejected=[])
+
+    def _newest(self, *, verify: bool, rejected: list[tuple[Path, str]]) -> Checkpoint | None:
+        """:meth:`latest`; each checkpoint passed over for not verifying is added to
+        ``rejected`` with the reason."""
         for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
             if not verify:
                 return ckpt
@@ -165,32 +171,68 @@ class CheckpointDir(TrainerOps):
                 return self.verify(ckpt.step)
             except (VerificationError, CheckpointNotFoundError) as exc:
                 log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
+                problems = getattr(exc, "problems", ())
+                why = "; ".join(problems) if problems else str(exc)
+                rejected.append((ckpt.path, f"it does not verify: {why}"))
         return None
 
     def resume_point(self, *, verify: bool = False, fresh: bool = False) -> Checkpoint | None:
         """The checkpoint a restarted job resumes from: :meth:`latest` (``verify`` as
         there), or None for a fresh start.
 
-        A fresh start is refused with :class:`~atomic_ckpt.UnmarkedCheckpointsError`
-        when the root holds step directories without a marker (written before
-        atomic_ckpt) and no complete checkpoint: adopt them with ``atomic-ckpt
-        mark-complete``, or pass ``fresh=True`` to start over deliberately.
+        A fresh start is refused where the root holds step directories but none to
+        resume from, since the job would train from step 0 and commit over them:
+        :class:`~atomic_ckpt.UnmarkedCheckpointsError` when they have no marker
+        (written before atomic_ckpt: adopt them with ``atomic-ckpt mark-complete``),
+        :class:`~atomic_ckpt.UnusableCheckpointsError` (its parent) when some are
+        unusable otherwise: a marker this version cannot read (a newer format
+        version, a non-empty legacy marker, a step moved by hand), or, with
+        ``verify=True``, files that do not verify. Each error lists what is there and
+        why it cannot be used. Pass ``fresh=True`` to start over deliberately.
         """
-        found = self.latest(verify=verify)
+        rejected: list[tuple[Path, str]] = []
+        found = self._newest(verify=verify, rejected=rejected)
         if found is not None or fresh:
             return found
-        unmarked = tuple(e.path for e in self.entries() if e.status == "unmarked")
-        if unmarked:
-            shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
-            raise UnmarkedCheckpointsError(
-                f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
-                f"marker ({shown}) and no complete checkpoint. If they were written "
-                f"completely, adopt them: `atomic-ckpt mark-complete {unmarked[-1]}` (each "
-                "one); to start from scratch anyway, pass fresh=True (--fresh)",
-                path=self.root,
-                paths=unmarked,
-            )
-        return None
+        reasons = dict(rejected)  # passed over by the verify
+        listed: list[tuple[Path, str]] = []
+        unmarked: list[Path] = []
+        for e in self.entries():  # by step
+            if e.path in reasons:
+                listed.append((e.path, reasons.pop(e.path)))
+            elif e.status == "invalid":
+                listed.append((e.path, e.problem or "its marker cannot be read"))
+            elif e.status == "unmarked":
+                how = f"`atomic-ckpt mark-complete {e.path}`"
+                listed.append((e.path, f"no {MARKER} marker (if complete, adopt it: {how})"))
+                unmarked.append(e.path)
+        listed += reasons.items()  # (gone since: still, none of them could be used)
+        if len(unmarked) == len(listed):
+            if unmarked:
+                raise self._unmarked_error(tuple(unmarked))
+            return None
+        problems = tuple(f"{p}: {reason}" for p, reason in listed)
+        raise UnusableCheckpointsError(
+            f"{self.root} holds {len(listed)} step directories but none to resume from; "
+            "starting from scratch would train over them and replace them:\n  "
+            + "\n  ".join(problems)
+            + "\nRepair them (a newer atomic_ckpt reads newer markers), move them away, or "
+            "pass fresh=True (--fresh) to start from scratch anyway",
+            path=self.root,
+            paths=tuple(p for p, _ in listed),
+            problems=problems,
+        )
+
+    def _unmarked_error(self, unmarked: tuple[Path, ...]) -> UnmarkedCheckpointsError:
+        shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
+        return UnmarkedCheckpointsError(
+            f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
+            f"marker ({shown}) and no complete checkpoint. If they were written "
+            f"completely, adopt them: `atomic-ckpt mark-complete {unmarked[-1]}` (each "
+            "one); to start from scratch anyway, pass fresh=True (--fresh)",
+            path=self.root,
+            paths=unmarked,
+        )
 
     def get(self, step: SupportsIndex) -> Checkpoint:
         """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete.

@@ -30,6 +30,7 @@ from atomic_ckpt import (  # noqa: E402
     TMP_INFIX,
     CheckpointDir,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
 )
 from atomic_ckpt.integrations import transformers as integration  # noqa: E402
 from atomic_ckpt.integrations.transformers import (  # noqa: E402
@@ -185,6 +186,20 @@ def test_last_checkpoint_and_resume_true_on_roots_without_a_complete_checkpoint(
     (out / "checkpoint-3").mkdir(parents=True)
     with pytest.raises(UnmarkedCheckpointsError, match="mark-complete"):
         last_checkpoint(out)
+
+
+def test_last_checkpoint_refuses_a_root_of_checkpoints_it_cannot_read(tmp_path: Path) -> None:
+    """checkpoint-N whose marker is of a newer format version, nothing else: the resume is
+    refused (UnusableCheckpointsError saying why), not a fresh start over it."""
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    (out / "checkpoint-3" / "checkpoint_complete").write_text(
+        '{"format": "atomic_ckpt", "version": 3}'
+    )
+    with pytest.raises(UnusableCheckpointsError, match="version 3"):
+        last_checkpoint(out)
+    with pytest.raises(UnusableCheckpointsError, match="version 3"):
+        make_trainer(out, max_steps=1).train(resume_from_checkpoint=True)
 
 
 def test_clean_on_resume_removes_a_killed_save_but_never_a_live_one(tmp_path: Path) -> None:
