@@ -213,6 +213,7 @@ def set_best_locked(root: Root, ckpt: Checkpoint) -> None:
 
 def set_best(root: Root, step: int) -> Checkpoint:
     """Point ``checkpoint_best`` at the complete checkpoint of ``step``, durably."""
+    require_complete(root, step)  # a missing root (or step) before its lock: not found
     with root.locked():
         ckpt = require_complete(root, step)
         set_best_locked(root, ckpt)
@@ -225,6 +226,7 @@ def delete(root: Root, step: int, *, force: bool) -> Path:
     Refuses the step ``checkpoint_best`` names unless ``force`` (the pointer then
     goes too). The latest step may be deleted.
     """
+    require_complete(root, step)  # a missing root (or step) before its lock: not found
     with root.locked():
         ckpt = require_complete(root, step)
         if best_step(root) == step:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import SupportsIndex
 
 from atomic_ckpt._core.l1_names.errors import (
+    CheckpointNotFoundError,
     CheckpointTimeoutError,
     InvalidRootError,
     InvalidStepError,
@@ -103,9 +104,21 @@ class Root:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the root lock: promotion, repair and deletion happen under it."""
+        """Hold the root lock: promotion, repair and deletion happen under it.
+
+        A root that does not exist holds no checkpoint to change: CheckpointNotFoundError
+        (a commit creates the root first, see :meth:`ensure`).
+        """
         try:
             lock = _locks.acquire(self.path / ROOT_LOCK, self.lock_timeout)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if os.path.isdir(self.path):
+                raise self.wrap(exc) from exc
+            raise CheckpointNotFoundError(
+                f"checkpoint root {self.path} does not exist, so it holds no checkpoint "
+                "(it is created by the first commit)",
+                path=self.path,
+            ) from None
         except TimeoutError:
             raise CheckpointTimeoutError(
                 f"timed out after {self.lock_timeout}s waiting for the lock of {self.path}; "
