@@ -252,3 +252,26 @@ def test_leftovers_with_a_newline_in_their_name_are_still_temporary(
     assert len(ckpts.clean()) == 2
     assert [p.name for p in ckpts.clean(force=True)] == [f".tmp-val\nloss.{'8' * 32}"]
     assert os.listdir(ckpts.root) == []
+
+
+@PREFIXES
+def test_the_cli_lists_and_cleans_both_forms(
+    tmp_path: Path, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`atomic-ckpt ls` shows leftovers of both forms as staging; `clean` removes them."""
+    from atomic_ckpt.cli import main
+
+    ckpts = CheckpointDir(tmp_path / "ckpts", prefix=prefix)
+    with ckpts.commit(1) as path:
+        write(path, {"a": b"1"})
+    orphans = _orphans(ckpts.root, prefix, ckpts.path_of(1))
+    args = [str(ckpts.root), "--prefix", prefix]
+    assert main(["ls", *args, "--json"]) == 0
+    listed = capsys.readouterr().out
+    for name in orphans:
+        if not name.endswith(".lock"):
+            assert name in listed, (name, listed)
+    assert main(["clean", *args]) == 0
+    out = capsys.readouterr().out
+    assert all(f"removed {ckpts.root / name}" in out for name in orphans), out
+    assert tmp_entries(ckpts.root) == []
