@@ -239,8 +239,9 @@ def test_the_version_and_the_private_methods_are_checked_at_import() -> None:
 def test_the_root_lock_is_gone_once_a_commit_returns_and_old_names_are_still_cleaned(
     tmp_path: Path,
 ) -> None:
-    """A root at rest holds its checkpoints only; entries in 0.1's names
-    (``<name>.tmp-<hex>``, its lock) that a killed save left are still removed by clean()."""
+    """A root at rest holds its checkpoints only; entries of the plain form (0.1's, and what
+    plain roots write: ``<name>.tmp-<hex>``, its lock) that a killed save left in this
+    prefixed root are still removed by clean()."""
     ckpts = CheckpointDir(tmp_path / "out", prefix="checkpoint_")
     commit_steps(ckpts, 1)
     assert os.listdir(ckpts.root) == ["checkpoint_1"]
