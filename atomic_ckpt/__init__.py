@@ -5,7 +5,7 @@
     from atomic_ckpt import CheckpointDir
 
     ckpts = CheckpointDir("checkpoints")
-    with ckpts.commit(step) as path:       # path is a staging dir: .tmp-N.<uuid>/
+    with ckpts.commit(step) as path:       # path is a staging dir: N.tmp-<uuid>/
         save_everything_into(path)         # any save function
     # here checkpoints/<step>/ is complete and durable, or untouched on error
     last = ckpts.latest()                  # newest *complete* checkpoint, or None
@@ -36,6 +36,7 @@ from atomic_ckpt._core.l1_names.errors import (
     StagingLostError,
     StepConflictError,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
     VerificationError,
 )
 from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, TMP_INFIX, parse_step
@@ -111,6 +112,7 @@ __all__ = [
     "StepConflictError",
     "SyncPolicy",
     "UnmarkedCheckpointsError",
+    "UnusableCheckpointsError",
     "VerificationError",
     "VerifiedCheckpoint",
     "__version__",

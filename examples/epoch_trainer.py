@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer.resume()
     except UnmarkedCheckpointsError as exc:
-        print(f"refusing to start: {exc}", file=sys.stderr)
+        print(f"refusing to start: {exc}\nTo start from scratch anyway: --fresh", file=sys.stderr)
         return 2
     return trainer.run(stop)
 

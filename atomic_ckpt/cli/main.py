@@ -82,9 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--force",
         action="store_true",
-        help="also remove .tmp-NAME.<32 hex> (and 0.1's NAME.tmp-<32 hex>) entries that carry "
-        "no evidence atomic_ckpt made "
-        "them (e.g. a staging dir whose lock file a power loss dropped)",
+        help="also remove NAME.tmp-<32 hex> and .tmp-NAME.<32 hex> entries that carry no "
+        "evidence atomic_ckpt made them (e.g. a staging dir whose lock file a power loss "
+        "dropped)",
     )
     c = root_cmd("prune", "delete all but the newest complete checkpoints")
     c.add_argument("--keep-last", type=int, required=True, metavar="N", help="keep N (>= 1)")

@@ -22,7 +22,7 @@ script that trains on one process or many needs no ``dist.is_initialized()`` bra
 
 A commit, on every rank of the group, in order:
 
-1. rank 0 takes its staging lock, creates ``.tmp-N.<uuid>/`` and broadcasts the
+1. rank 0 takes its staging lock, creates ``N.tmp-<uuid>/`` and broadcasts the
    name (or why it could not);
 2. every rank writes its files into it (the ``with`` body);
 3. the ranks exchange their outcomes (this is the barrier after the writes);

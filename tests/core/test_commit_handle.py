@@ -90,7 +90,8 @@ def test_begin_write_publish_makes_the_same_checkpoint_as_commit(tmp_path: Path)
 
 
 def test_the_handle_is_a_staging_dir_that_becomes_path_of_step(tmp_path: Path) -> None:
-    """.path is a fresh empty `.tmp-N.<uuid>` dir beside the checkpoints; .final is path_of(N)."""
+    """.path is a fresh empty `.tmp-checkpoint-N.<uuid>` dir beside the checkpoints; .final is
+    path_of(N)."""
     ckpts = CheckpointDir(tmp_path, prefix="checkpoint-")
     commit = ckpts.begin(7)
     assert commit.step == 7

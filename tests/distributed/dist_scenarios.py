@@ -227,7 +227,8 @@ def commit_on_rank0_only(ctx: Ctx) -> Any:
 
 @scenario
 def resume_unmarked(ctx: Ctx) -> Any:
-    """resume() on a root of unmarked step dirs only (the test made them), then fresh=True."""
+    """resume() on a root of unusable (unmarked, unreadable) step dirs only (the test made
+    them), then fresh=True."""
     seen: dict[str, Any] = {}
     try:
         resume(ctx.ckpts)

@@ -39,7 +39,7 @@ def adopt(root: Root, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
     path = root.path / root.name_of(step)
     try:
         before = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (ENOTDIR: a file where the root is)
         raise CheckpointNotFoundError(
             f"{path} does not exist: nothing to mark complete", path=path, step=step
         ) from None

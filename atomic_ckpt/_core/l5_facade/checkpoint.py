@@ -20,14 +20,10 @@ from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     InvalidRootError,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import (
-    MARKER,
-    NAME_MAX,
-    TMP_INFIX,
-    is_marker_name,
-)
+from atomic_ckpt._core.l1_names.names import MARKER, check_prefix, is_marker_name
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
 from atomic_ckpt._core.l3_formats import read as _read
@@ -86,10 +82,7 @@ class CheckpointDir(TrainerOps):
         workers: int | None = None,
         sync: SyncPolicy | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix or TMP_INFIX in prefix:
-            raise ValueError(f"prefix {prefix!r} must be a plain name fragment")
-        if len(prefix) > NAME_MAX // 2:
-            raise ValueError(f"prefix {prefix[:20]!r}... is too long for a directory name")
+        check_prefix(prefix)
         if checksum is not None and checksum not in CHECKSUMS:
             raise ValueError(f"unknown checksum {checksum!r}; choose one of {sorted(CHECKSUMS)}")
         if workers is not None and (
@@ -175,17 +168,25 @@ class CheckpointDir(TrainerOps):
         files match its manifest: a newer one that does not is skipped with a
         warning naming it and why.
         """
-        found = self._newest(verify=verify, read=())
+        found = self._newest(verify=verify, read=(), rejected=[])
         return None if found is None else found.checkpoint
 
     def resume_point(self, *, verify: bool = False, fresh: bool = False) -> Checkpoint | None:
         """The checkpoint a restarted job resumes from: :meth:`latest` (``verify`` as
         there), or None for a fresh start.
 
-        A fresh start is refused with :class:`~atomic_ckpt.UnmarkedCheckpointsError`
-        when the root holds step directories without a marker (written before
-        atomic_ckpt) and no complete checkpoint: adopt them with ``atomic-ckpt
-        mark-complete``, or pass ``fresh=True`` to start over deliberately.
+        A fresh start is refused where the root holds step directories but none to
+        resume from, since the job would train from step 0 and commit over them:
+        :class:`~atomic_ckpt.UnmarkedCheckpointsError` when they have no marker
+        (written before atomic_ckpt: adopt them with ``atomic-ckpt mark-complete``),
+        :class:`~atomic_ckpt.UnusableCheckpointsError` (its parent) when some are
+        unusable otherwise: a marker this version cannot read (a newer format
+        version, a non-empty legacy marker, a step moved by hand), or, with
+        ``verify=True``, files that do not verify. Each error's message lists what is
+        there, why it cannot be used and the remedies, in words an application can pass
+        on to its user; ``paths`` and ``problems`` carry the same for an application
+        that words its own (and names its own switch for ``fresh=True``, which starts
+        over deliberately).
         """
         found = self._resume(verify=verify, fresh=fresh, read=())
         return None if found is None else found.checkpoint
@@ -194,18 +195,22 @@ class CheckpointDir(TrainerOps):
         self, read: Collection[str], *, fresh: bool = False
     ) -> VerifiedCheckpoint | None:
         """:meth:`resume_point` with ``verify=True``, and the bytes of the files named in
-        ``read`` (paths relative to the checkpoint) as they were read to verify it.
+        ``read`` (paths relative to the checkpoint) as they were mapped to verify it.
 
-        A loader that deserializes those bytes instead of opening the files reads each
-        byte of the checkpoint from storage once: a verified resume costs about what
-        an unverified one does, even when the checkpoint does not fit the page cache
-        (``atomic_ckpt.torch.resume(verify=True)`` works this way). A file of ``read``
-        that the checkpoint does not hold is simply absent from ``files``. A newest
-        checkpoint that does not verify is skipped with a warning, as in :meth:`latest`.
+        A loader that deserializes from those views instead of opening the files again
+        fetches each byte of the checkpoint from storage once
+        (``atomic_ckpt.torch.resume(verify=True)`` works this way; ``benchmarks/resume.py``
+        measures what it costs). A file of ``read`` that the checkpoint does not hold is
+        simply absent from ``files``. A newest checkpoint that does not verify is skipped
+        with a warning, as in :meth:`latest`; the same refusals as :meth:`resume_point`.
         """
         return self._resume(verify=True, fresh=fresh, read=frozenset(read))
 
-    def _newest(self, *, verify: bool, read: Collection[str]) -> VerifiedCheckpoint | None:
+    def _newest(
+        self, *, verify: bool, read: Collection[str], rejected: list[tuple[Path, str]]
+    ) -> VerifiedCheckpoint | None:
+        """The newest checkpoint (that verifies, with ``verify``), with the kept views of
+        ``read``; each one passed over for not verifying is added to ``rejected``."""
         for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
             if not verify:
                 return VerifiedCheckpoint(ckpt, {})
@@ -214,6 +219,9 @@ class CheckpointDir(TrainerOps):
                 files = _verify.verify(checked, workers=self.workers, keep=read)
             except (VerificationError, CheckpointNotFoundError) as exc:
                 log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
+                problems = getattr(exc, "problems", ())
+                why = "; ".join(problems) if problems else str(exc)
+                rejected.append((ckpt.path, f"it does not verify: {why}"))
                 continue
             return VerifiedCheckpoint(checked, files)
         return None
@@ -221,21 +229,49 @@ class CheckpointDir(TrainerOps):
     def _resume(
         self, *, verify: bool, fresh: bool, read: Collection[str]
     ) -> VerifiedCheckpoint | None:
-        found = self._newest(verify=verify, read=read)
+        rejected: list[tuple[Path, str]] = []
+        found = self._newest(verify=verify, read=read, rejected=rejected)
         if found is not None or fresh:
             return found
-        unmarked = tuple(e.path for e in self.entries() if e.status == "unmarked")
-        if unmarked:
-            shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
-            raise UnmarkedCheckpointsError(
-                f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
-                f"marker ({shown}) and no complete checkpoint. If they were written "
-                f"completely, adopt them: `atomic-ckpt mark-complete {unmarked[-1]}` (each "
-                "one); to start from scratch anyway, pass fresh=True (--fresh)",
-                path=self.root,
-                paths=unmarked,
-            )
-        return None
+        reasons = dict(rejected)  # passed over by the verify
+        listed: list[tuple[Path, str]] = []
+        unmarked: list[Path] = []
+        for e in self.entries():  # by step
+            if e.path in reasons:
+                listed.append((e.path, reasons.pop(e.path)))
+            elif e.status == "invalid":
+                listed.append((e.path, e.problem or "its marker cannot be read"))
+            elif e.status == "unmarked":
+                how = f"`atomic-ckpt mark-complete {e.path}`"
+                listed.append((e.path, f"no {MARKER} marker (if complete, adopt it: {how})"))
+                unmarked.append(e.path)
+        listed += reasons.items()  # (gone since: still, none of them could be used)
+        if len(unmarked) == len(listed):
+            if unmarked:
+                raise self._unmarked_error(tuple(unmarked))
+            return None
+        problems = tuple(f"{p}: {reason}" for p, reason in listed)
+        raise UnusableCheckpointsError(
+            f"{self.root} holds {len(listed)} step directories but none to resume from; "
+            "starting from scratch would train over them and replace them:\n  "
+            + "\n  ".join(problems)
+            + "\nRepair them (a newer atomic_ckpt reads newer markers) or move them away; "
+            "or start the run from scratch deliberately, which trains over them",
+            path=self.root,
+            paths=tuple(p for p, _ in listed),
+            problems=problems,
+        )
+
+    def _unmarked_error(self, unmarked: tuple[Path, ...]) -> UnmarkedCheckpointsError:
+        shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
+        return UnmarkedCheckpointsError(
+            f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
+            f"marker ({shown}) and no complete checkpoint. If they were written "
+            f"completely, adopt them (each one): `atomic-ckpt mark-complete {unmarked[-1]}`; "
+            "or start the run from scratch deliberately, which trains over them",
+            path=self.root,
+            paths=unmarked,
+        )
 
     def get(self, step: SupportsIndex) -> Checkpoint:
         """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete.
@@ -444,7 +480,7 @@ class CheckpointDir(TrainerOps):
         writer is alive (it holds the lock) is never touched. An old copy moved
         aside by the fallback replace whose step is now missing is renamed back
         instead (logged, not returned). ``force`` also removes entries of the
-        library's form (``.tmp-<name>.<32 hex>``, or 0.1.0's ``<name>.tmp-<32 hex>``)
+        library's forms (``<name>.tmp-<32 hex>``, or the hidden ``.tmp-<name>.<32 hex>``)
         that carry no evidence that it made them, such as a staging dir whose lock
         file a power loss dropped; use it only where no other tool names files
         that way.
@@ -455,7 +491,7 @@ class CheckpointDir(TrainerOps):
         """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
 
         ``retain(RetentionPolicy(keep_last=keep_last))``: each is first renamed
-        out of sight (``.tmp-N.del-…``) and the rename made durable, so an
+        out of sight (``N.tmp-del-…``) and the rename made durable, so an
         interrupted deletion never leaves a complete-looking directory. The
         latest checkpoint, and the one ``checkpoint_best`` names, are never deleted.
         """
