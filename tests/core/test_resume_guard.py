@@ -48,7 +48,9 @@ def test_a_step_of_a_newer_format_version_stops_a_resume(ckpts: CheckpointDir) -
     assert err.paths == (ckpts.path_of(3),)
     assert "version 3" in str(err)
     assert str(ckpts.path_of(3)) in str(err)
-    assert "fresh=True" in str(err)
+    assert "from scratch deliberately" in str(err)  # the remedy, in the user's terms
+    assert "fresh=True" not in str(err)  # no library switch an application's user can't pass
+    assert err.problems == (f"{ckpts.path_of(3)}: {err.problems[0].split(': ', 1)[1]}",)
     assert ckpts.resume_point(fresh=True) is None
     assert ckpts.path_of(3).is_dir()
 
