@@ -38,6 +38,7 @@ from atomic_ckpt.cli.common import (
 from atomic_ckpt.cli.edit import promote, rm
 from atomic_ckpt.cli.ls import ls
 from atomic_ckpt.cli.verify import verify
+from atomic_ckpt.testing.audit import command as _audit_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the same with a Hugging Face Trainer (needs atomic_ckpt[transformers])",
     )
+    _audit_command.add_parser(sub)
     return p
 
 
@@ -263,4 +265,5 @@ _COMMANDS = {
     "promote": promote,
     "rm": rm,
     "demo": _demo,
+    "audit": _audit_command.run,
 }
