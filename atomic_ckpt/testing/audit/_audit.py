@@ -19,7 +19,7 @@ from .._results import AUDIT_MODELS
 from .._states import _Candidate, _CrashModel, _Flat
 from ._checks import Check, Outcome, Running, namespaces_available, start, tail
 from ._errors import AuditError, CannotRebuild, WorkloadFailed
-from ._materialize import Materializer, set_aside
+from ._materialize import Materializer, remove, set_aside
 from ._report import AuditReport, Violation
 from ._strace import read_calls, record_command, strace_path
 from ._trace import TraceRecorder
@@ -248,6 +248,7 @@ def _run_checks(
     if jobs == 1:
         shows = [Materializer(root)]
     else:
+        remove(root)
         root.mkdir()  # the mount point each private namespace binds its state over
         shows = [Materializer(scratch / f"state{j}") for j in range(jobs)]
     free = list(range(jobs))

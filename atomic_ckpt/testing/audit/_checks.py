@@ -131,7 +131,7 @@ def start(
             "private",
             "/bin/sh",
             "-c",
-            'mount --bind "$0" "$1" && shift 2 && exec "$@"',
+            'mount --bind "$0" "$1" && shift && exec "$@"',
             str(shown_at),
             str(root),
             *argv,
