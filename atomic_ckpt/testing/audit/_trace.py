@@ -12,6 +12,7 @@ boundaries between them apart but a crash in the middle, which the torn state st
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -369,9 +370,10 @@ class TraceRecorder(_Mirror):
             self.unseen.setdefault(
                 opened.path, f"{call.name} wrote {call.ret} bytes, the trace shows {len(data)}"
             )
+        if opened.append:  # Linux appends even a pwrite to an O_APPEND file
+            offset = None
+            opened.pos = len(self.content[inode])
         if offset is None:
-            if opened.append:
-                opened.pos = len(self.content[inode])
             if opened.pos < 0:
                 self.unseen.setdefault(opened.path, "written at an offset the trace cannot tell")
                 opened.pos = len(self.content[inode])
@@ -448,8 +450,9 @@ class TraceRecorder(_Mirror):
             self.unseen.setdefault(target.path, f"{call.name} from a file outside the audited tree")
             return
         start = source.pos
-        if offset not in ("", "NULL"):
-            start = int_arg(offset.strip("[]").split("=>")[0].strip())
+        given = re.match(r"\[(\d+)\]", offset)
+        if given is not None:  # "[5] => [10]": an explicit offset, the file's own unmoved
+            start = int(given[1])
         elif source.pos >= 0:
             source.pos += call.ret or 0
         if start < 0:
@@ -520,6 +523,7 @@ class TraceRecorder(_Mirror):
     def _renamed(
         self, call: Call, old: tuple[str | None, str], new: tuple[str | None, str], flags: int
     ) -> None:
+        self._flush()  # pending writes are described under the name they were made at
         src = self._where(call.tid, *old)
         dst = self._where(call.tid, *new)
         if src is None and dst is None:
