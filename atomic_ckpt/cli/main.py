@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from atomic_ckpt import CheckpointDir, CheckpointError, __version__, parse_step
+from atomic_ckpt.cli import audit as _audit_command
 from atomic_ckpt.cli.common import (
     EXIT_ERROR,
     EXIT_NONE,
@@ -38,7 +39,6 @@ from atomic_ckpt.cli.common import (
 from atomic_ckpt.cli.edit import promote, rm
 from atomic_ckpt.cli.ls import ls
 from atomic_ckpt.cli.verify import verify
-from atomic_ckpt.testing.audit import command as _audit_command
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,19 +9,21 @@ the newest checkpoint) on each state at the audited path. See ``docs/guides/audi
 Layout: ``_strace`` (run strace, read its trace), ``_trace`` (replay the calls on the
 model), ``_materialize`` (show states at the path, set the original aside),
 ``_checks`` (run a check: a command, in a mount namespace, or a forked function),
-``_report`` (the report, text and JSON), ``_audit`` (the whole audit), ``command``
-(the ``atomic-ckpt audit`` command line).
+``_report`` (the report, text and JSON), ``_audit`` (the whole audit). The
+``atomic-ckpt audit`` command line is :mod:`atomic_ckpt.cli.audit`.
 """
 
 from __future__ import annotations
 
-from ._audit import audit
-from ._checks import Check
-from ._errors import AuditError, CannotRebuild, WorkloadFailed
-from ._report import AuditReport, Violation
-from ._strace import StraceNotFound
+from atomic_ckpt.testing._results import AUDIT_MODELS
+from atomic_ckpt.testing.audit._audit import audit
+from atomic_ckpt.testing.audit._checks import Check
+from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
+from atomic_ckpt.testing.audit._report import AuditReport, Violation
+from atomic_ckpt.testing.audit._strace import StraceNotFound
 
 __all__ = [
+    "AUDIT_MODELS",
     "AuditError",
     "AuditReport",
     "CannotRebuild",

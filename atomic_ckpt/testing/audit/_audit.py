@@ -15,14 +15,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._results import AUDIT_MODELS
-from .._states import _Candidate, _CrashModel, _Flat
-from ._checks import Check, Outcome, Running, namespaces_available, start, tail
-from ._errors import AuditError, CannotRebuild, WorkloadFailed
-from ._materialize import Materializer, remove, set_aside
-from ._report import AuditReport, Violation
-from ._strace import read_calls, record_command, strace_path
-from ._trace import TraceRecorder
+from atomic_ckpt.testing._results import AUDIT_MODELS
+from atomic_ckpt.testing._states import _Candidate, _CrashModel, _Flat
+from atomic_ckpt.testing.audit._checks import (
+    Check,
+    Outcome,
+    Running,
+    namespaces_available,
+    start,
+    tail,
+)
+from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
+from atomic_ckpt.testing.audit._materialize import Materializer, remove, set_aside
+from atomic_ckpt.testing.audit._report import AuditReport, Violation
+from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
+from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 _CONTEXT = 4
 

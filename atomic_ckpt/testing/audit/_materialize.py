@@ -14,8 +14,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .._states import _Flat
-from ._errors import AuditError
+from atomic_ckpt.testing._states import _Flat
+from atomic_ckpt.testing.audit._errors import AuditError
 
 _Key = tuple[int, int, int, int]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._errors import AuditError
+from atomic_ckpt.testing.audit._errors import AuditError
 
 AT_FDCWD = -100
 

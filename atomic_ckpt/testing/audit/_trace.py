@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._mirror import _UNIVERSE, _Mirror
-from .._results import ALL_INODES
-from ._strace import AT_FDCWD, Call, fd_arg, int_arg, unescape
+from atomic_ckpt.testing._mirror import _UNIVERSE, _Mirror
+from atomic_ckpt.testing._results import ALL_INODES
+from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, int_arg, unescape
 
 _CLONE_FILES = 0x400
 _CLONE_THREAD = 0x10000

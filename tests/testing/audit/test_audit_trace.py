@@ -15,7 +15,7 @@ pytestmark = needs_strace
 ZOO = """\
 # One of each call the recorder models, under ROOT; the replay must give the same tree.
 import ctypes, os, subprocess, sys, threading
-from atomic_ckpt import _fs
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 root = sys.argv[1]
 os.makedirs(os.path.join(root, "stage"))
 os.chdir(root)                                           # relative paths from here on

@@ -15,10 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._results import AUDIT_MODELS
-from ._audit import audit
-from ._errors import AuditError
-from ._materialize import Interrupted
+from atomic_ckpt.testing.audit import AUDIT_MODELS, AuditError, audit
 
 EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_ERROR = 0, 1, 2
 
@@ -145,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             timeout=args.timeout,
         )
-    except (Interrupted, KeyboardInterrupt):
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (the audit raises it for them)
         print(f"atomic-ckpt audit: interrupted; {args.root} is as it was", file=sys.stderr)
         return EXIT_ERROR
     except (AuditError, OSError, ValueError, ImportError) as exc:
