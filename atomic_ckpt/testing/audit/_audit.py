@@ -111,7 +111,7 @@ def audit(
             final = model._build(range(len(model.ops)), {})
             mismatches = _compare(final, path, recorder.unseen)
             if mismatches:
-                raise CannotRebuild(str(path), mismatches)
+                raise CannotRebuild(os.fspath(root), mismatches)
             states, distinct = _plan(model, models)
             chosen = list(range(len(states)))
             sampled = None
@@ -153,7 +153,7 @@ def audit(
     violations.sort(key=lambda v: (models.index(v.model), v.crash_point))
     checked = {m: sum(1 for i in chosen if m in states[i].by_model) for m in models}
     return AuditReport(
-        root=str(path),
+        root=os.fspath(root),
         models=models,
         operations=len(model.ops),
         calls=recorder.calls,

@@ -83,10 +83,9 @@ class AuditReport:
     def verdict(self) -> str:
         """One line: clean, or how many states of which model fail."""
         if self.ok:
-            return (
-                f"clean: every one of the {sum(self.states.values())} crash states "
-                f"checked passes ({', '.join(self.models)})"
-                + (" [sampled]" if self.sampled else "")
+            per = ", ".join(f"{self.states.get(m, 0)} {m}" for m in self.models)
+            return f"clean: all {self.checked} distinct crash states pass ({per})" + (
+                " [sampled]" if self.sampled else ""
             )
         counts = ", ".join(f"{m} {len(self.by_model(m))}" for m in self.models)
         return (
@@ -98,11 +97,10 @@ class AuditReport:
         """The header: counts per model and the time split."""
         t = self.timings
         lines = [
-            f"atomic-ckpt audit of {self.root}: {self.operations} operations recorded "
-            f"({self.calls} system calls)",
-            f"  time: record {t.get('record', 0):.1f} s, build states "
-            f"{t.get('build', 0):.1f} s, checks {t.get('checks', 0):.1f} s "
-            f"({self.checked} checks run)",
+            f"atomic-ckpt audit of {self.root}: {self.operations} operations recorded, "
+            f"{self.checked} distinct states checked",
+            f"  time: record {t.get('record', 0):.1f} s ({self.calls} system calls), build "
+            f"states {t.get('build', 0):.1f} s, checks {t.get('checks', 0):.1f} s",
         ]
         for m in self.models:
             lines.append(
