@@ -81,6 +81,15 @@ def resume_committed(root: Path) -> None:
     assert data == bytes([meta["step"]]) * meta["size"], "corrupt weights"
 
 
+def resume_marked(root: Path) -> None:
+    """The check of MARKER (a forked function): the newest marked step is whole."""
+    marked = [p for p in root.iterdir() if (p / "COMPLETE").exists()] if root.is_dir() else []
+    if marked:
+        newest = max(marked, key=lambda p: int(p.name))
+        data = (newest / "weights.bin").read_bytes()
+        assert data == bytes([int(newest.name)]) * 4096, "corrupt weights"
+
+
 def script(tmp_path: Path, name: str, text: str) -> list[str]:
     """Write ``text`` to ``tmp_path/name``; the argv that runs it with this Python."""
     path = tmp_path / name

@@ -14,11 +14,13 @@ from _audit_scripts import (
     RESUME,
     needs_strace,
     resume_committed,
+    resume_marked,
     script,
 )
 
 from atomic_ckpt.testing import AuditReport, audit
 from atomic_ckpt.testing.audit import CannotRebuild, StraceNotFound, WorkloadFailed
+from atomic_ckpt.testing.audit._checks import namespaces_available
 
 pytestmark = needs_strace
 
@@ -44,8 +46,7 @@ def test_naive_in_place_save_is_broken_under_kill(tmp_path: Path) -> None:
 def test_marker_without_fsync_is_clean_under_kill_and_broken_under_power(tmp_path: Path) -> None:
     """A marker written last survives any kill, but a power loss keeps it without the data."""
     root = tmp_path / "ckpts"
-    check = [*script(tmp_path, "resume.py", RESUME), str(root), "--marker"]
-    report = audit([*script(tmp_path, "marker.py", MARKER), str(root)], check, root=root)
+    report = audit([*script(tmp_path, "marker.py", MARKER), str(root)], resume_marked, root=root)
     assert report.by_model("kill") == ()
     assert report.states["kill"] > 10
     power = report.by_model("power")
@@ -161,3 +162,22 @@ def test_missing_strace_says_how_to_install_it(
     with pytest.raises(StraceNotFound, match="apt-get install strace"):
         audit(["true"], "true", root=tmp_path / "ckpts")
     assert shutil.which("strace") is None
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="needs root and unshare -m")
+def test_forked_checks_run_in_parallel_namespaces_see_their_own_state(tmp_path: Path) -> None:
+    """jobs=2 with a function check: each child sees its state at DIR; same verdicts as serial."""
+    root = tmp_path / "ckpts"
+    workload = [*script(tmp_path, "marker.py", MARKER), str(root)]
+
+    def resume(path: Path) -> None:
+        assert path == root  # the state is seen at DIR itself, not elsewhere
+        resume_marked(path)
+
+    serial = audit(workload, resume, root=root)
+    parallel = audit(workload, resume, root=root, jobs=2)
+    assert parallel.notes == ()
+    assert parallel.states == serial.states
+    key = [(v.model, v.crash_point, v.survived) for v in serial.violations]
+    assert [(v.model, v.crash_point, v.survived) for v in parallel.violations] == key
+    assert serial.by_model("power")
