@@ -104,12 +104,13 @@ def audit(
             if status != 0:
                 raise WorkloadFailed(status, tail(log))
             recorder.feed(read_calls(scratch / "trace"))
+            refused = recorder.fill_mapped(path)
             (scratch / "trace").unlink()
             timings["record"] = time.monotonic() - began
             began = time.monotonic()
             model = _CrashModel(recorder.ops, recorder.inodes)
             final = model._build(range(len(model.ops)), {})
-            mismatches = _compare(final, path, recorder.unseen)
+            mismatches = refused + _compare(final, path, recorder.unseen)
             if mismatches:
                 raise CannotRebuild(os.fspath(root), mismatches)
             states, distinct = _plan(model, models)

@@ -112,7 +112,7 @@ _LINE = re.compile(r"^(\d+)\s+(.*)$")
 _DUMP = re.compile(r"^ \| [0-9a-f]{5,}  ")
 _DUMP_WIDTH = 48  # sixteen bytes as hex pairs, a double space after the eighth
 _RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
-_RET = re.compile(r"^\s*=\s*(-?\d+|0x[0-9a-f]+|\?)(?:<(.*)>)?")
+_RET = re.compile(r"^\s*=\s*(0x[0-9a-f]+|-?\d+|\?)(?:<(.*)>)?")
 _DECORATED = re.compile(r"^(-?\d+)<(.*)>$", re.S)
 _UNFINISHED = " <unfinished ...>"
 

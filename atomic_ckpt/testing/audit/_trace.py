@@ -11,6 +11,7 @@ boundaries between them apart but a crash in the middle, which the torn state st
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ _RENAME_NOREPLACE, _RENAME_EXCHANGE, _RENAME_WHITEOUT = 1, 2, 4
 _FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x1, 0x2, 0x10
 _F_DUPFD, _F_DUPFD_CLOEXEC = 0, 1030
 _PROT_WRITE, _MAP_SHARED = 0x2, 0x1
+_MS_SYNC = 0x4
 
 
 @dataclass
@@ -74,6 +76,9 @@ class TraceRecorder(_Mirror):
         self.unseen: dict[str, str] = {}
         self.calls = 0
         self._run: _Run | None = None
+        self.mappings: dict[int, list[tuple[int, int, int, str]]] = {}
+        """Shared writable mappings of files under the root, per address space."""
+        self._mapped: list[tuple[int, int, str]] = []
         self._start_cwd = os.getcwd()
 
     def ignores(self, name: str) -> bool:
@@ -478,15 +483,72 @@ class TraceRecorder(_Mirror):
             self.unseen.setdefault(target.path, "splice into the file")
 
     def _sys_mmap(self, call: Call) -> None:
-        if len(call.args) < 5:
+        if len(call.args) < 5 or call.ret is None:
             return
         prot, flags = int_arg(call.args[2]), int_arg(call.args[3])
         if prot & _PROT_WRITE and flags & _MAP_SHARED and fd_arg(call.args[4])[0] >= 0:
             opened = self._file(call, 4)
             if opened is not None and opened.inode is not None:
                 self.unseen.setdefault(
-                    opened.path, "mapped shared and writable: the trace cannot see the bytes"
+                    opened.path,
+                    "mapped shared and writable: the trace sees the bytes only at msync",
                 )
+                maps = self.mappings.setdefault(id(self._table(call.tid)), [])
+                maps.append((call.ret, int_arg(call.args[1]), opened.inode, opened.path))
+
+    def _sys_msync(self, call: Call) -> None:
+        """Writes through a mapping become visible here; their bytes are read from the
+        final tree afterwards (:meth:`fill_mapped`), which is right only if nothing
+        changes the file later: otherwise the audit refuses."""
+        start, length = int_arg(call.args[0]), int_arg(call.args[1])
+        for base, size, inode, path in self.mappings.get(id(self._table(call.tid)), []):
+            if base < start + length and start < base + size:
+                self._flush()
+                self._mapped.append((len(self.ops), inode, path))
+                self.emit(
+                    "data",
+                    inode,
+                    f"msync {path} (bytes written through a mapping)",
+                    data=bytes(self.content[inode]),
+                    by="traced",
+                )
+                if int_arg(call.args[2]) & _MS_SYNC:
+                    self._op("sync", inode, f"msync MS_SYNC {path} (durable)")
+
+    def fill_mapped(self, root: Path) -> list[tuple[str, str]]:
+        """Give each msync its bytes: the file as the workload left it, when no later
+        operation changed it; what cannot be known this way is returned (path, why)."""
+        refused: list[tuple[str, str]] = []
+        for index, inode, path in self._mapped:
+            later = [op for op in self.ops[index + 1 :] if op.kind == "data" and op.inode == inode]
+            final = self._final_path(inode)
+            if later or final is None:
+                refused.append(
+                    (
+                        path,
+                        "written through a mapping and changed (or removed) later: "
+                        "the bytes at msync are unknown",
+                    )
+                )
+                continue
+            data = (root / final).read_bytes()
+            self.ops[index] = dataclasses.replace(self.ops[index], data=data)
+            self.content[inode] = bytearray(data)
+            self.unseen.pop(path, None)
+        return refused
+
+    def _final_path(self, inode: int) -> str | None:
+        def walk(ino: int, rel: str) -> str | None:
+            for name, child in self.inodes[ino].entries.items():
+                if child == inode:
+                    return rel + name
+                if self.inodes[child].kind == "dir":
+                    found = walk(child, f"{rel}{name}/")
+                    if found is not None:
+                        return found
+            return None
+
+        return walk(_UNIVERSE, "")
 
     # names
 

@@ -108,3 +108,37 @@ def test_fsyncs_from_worker_threads_make_a_rename_durable(tmp_path: Path, durabl
     else:
         assert report.by_model("power"), report
         assert any("model.bin: zero-filled" in d for v in report.violations for d in v.damaged)
+
+
+MAPPED = """\
+# Writes a file through a shared mapping and flushes it (msync MS_SYNC): the trace sees it.
+import mmap, os, sys
+os.makedirs(sys.argv[1])
+fd = os.open(os.path.join(sys.argv[1], "mapped.bin"), os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096)
+m[:4096] = b"m" * 4096
+m.flush()
+m.close()
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+def test_a_mapping_flushed_with_msync_is_recorded(tmp_path: Path) -> None:
+    """mmap + msync: the bytes are known (from the final tree), no refusal; a state shows
+    the file either before the msync (zeros) or after it."""
+    root = tmp_path / "ckpts"
+    seen: set[bytes] = set()
+    log = tmp_path / "seen"
+    log.mkdir()
+
+    def check(path: Path) -> None:
+        mapped = path / "mapped.bin"
+        if mapped.exists():
+            (log / str(len(list(log.iterdir())))).write_bytes(mapped.read_bytes()[:1] or b"-")
+
+    report = audit([*script(tmp_path, "mapped.py", MAPPED), str(root)], check, root=root)
+    assert report.ok
+    seen = {p.read_bytes() for p in log.iterdir()}
+    assert seen == {b"-", b"\x00", b"m"}
