@@ -266,13 +266,14 @@ class TraceRecorder(_Mirror):
         assert child is not None
         parent = self._table(call.tid)
         own = self.tables.get(child, {})
-        if flags & (_CLONE_FILES | _CLONE_THREAD):
-            parent.update(own)
-            self.tables[child] = parent
-        else:
-            table = dict(parent)
-            table.update(own)
-            self.tables[child] = table
+        # The child may have run before its parent's clone returned (strace prints the two
+        # in completion order): what it opened meanwhile joins the table, but a descriptor
+        # it could only place by path never replaces the parent's own entry.
+        table = parent if flags & (_CLONE_FILES | _CLONE_THREAD) else dict(parent)
+        for fd, opened in own.items():
+            if opened.pos >= 0 or fd not in table:  # pos -1: placed by path only
+                table[fd] = opened
+        self.tables[child] = table
         self.cwd.setdefault(child, self.cwd.get(call.tid, self._start_cwd))
 
     def _sys_clone(self, call: Call) -> None:
