@@ -181,3 +181,15 @@ def test_forked_checks_run_in_parallel_namespaces_see_their_own_state(tmp_path: 
     key = [(v.model, v.crash_point, v.survived) for v in serial.violations]
     assert [(v.model, v.crash_point, v.survived) for v in parallel.violations] == key
     assert serial.by_model("power")
+
+
+def test_progress_is_drawn_only_when_asked_or_on_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """progress=True draws a progress line on stderr; by default, off a terminal, nothing."""
+    root = tmp_path / "ckpts"
+    workload = [*script(tmp_path, "committed.py", COMMITTED), str(root)]
+    audit(workload, resume_committed, root=root, models=["kill"], max_states=3)
+    assert capsys.readouterr().err == ""
+    audit(workload, resume_committed, root=root, models=["kill"], max_states=3, progress=True)
+    assert "checked 3/3 states, 0 failing" in capsys.readouterr().err
