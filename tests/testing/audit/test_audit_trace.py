@@ -3,12 +3,15 @@ fsyncs made from worker threads count (descriptors belong to the process, not th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from _audit_scripts import needs_strace, script
 
 from atomic_ckpt.testing import audit
+from atomic_ckpt.testing.audit import CannotRebuild
 
 pytestmark = needs_strace
 
@@ -142,3 +145,32 @@ def test_a_mapping_flushed_with_msync_is_recorded(tmp_path: Path) -> None:
     assert report.ok
     seen = {p.read_bytes() for p in log.iterdir()}
     assert seen == {b"-", b"\x00", b"m"}
+
+
+def test_a_write_by_a_process_outside_the_trace_is_refused(tmp_path: Path) -> None:
+    """A process started before the audit writes into DIR during the run: CannotRebuild."""
+    root = tmp_path / "ckpts"
+    go = tmp_path / "go"
+    helper = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, sys, time\n"
+         "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n"
+         "open(os.path.join(sys.argv[2], 'foreign.bin'), 'wb').write(b'not traced')\n",
+         str(go), str(root)],
+    )  # fmt: skip
+    workload = script(
+        tmp_path,
+        "waits.py",
+        "import os, sys, time\n"
+        "os.makedirs(sys.argv[1])\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "while not os.path.exists(os.path.join(sys.argv[1], 'foreign.bin')): time.sleep(0.01)\n"
+        "time.sleep(0.2)\n",
+    )
+    try:
+        with pytest.raises(CannotRebuild) as info:
+            audit([*workload, str(root), str(go)], "true", root=root)
+    finally:
+        helper.wait(timeout=60)
+    assert info.value.paths == ["foreign.bin"]
+    assert "never made it" in str(info.value)
