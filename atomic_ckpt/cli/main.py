@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from atomic_ckpt import CheckpointDir, CheckpointError, __version__, parse_step
+from atomic_ckpt.cli import audit as _audit_command
 from atomic_ckpt.cli.common import (
     EXIT_ERROR,
     EXIT_NONE,
@@ -119,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the same with a Hugging Face Trainer (needs atomic_ckpt[transformers])",
     )
+    _audit_command.add_parser(sub)
     return p
 
 
@@ -263,4 +265,5 @@ _COMMANDS = {
     "promote": promote,
     "rm": rm,
     "demo": _demo,
+    "audit": _audit_command.run,
 }
