@@ -5,7 +5,7 @@
     from atomic_ckpt import CheckpointDir
 
     ckpts = CheckpointDir("checkpoints")
-    with ckpts.commit(step) as path:       # path is a staging dir: .tmp-N.<uuid>/
+    with ckpts.commit(step) as path:       # path is a staging dir: N.tmp-<uuid>/
         save_everything_into(path)         # any save function
     # here checkpoints/<step>/ is complete and durable, or untouched on error
     last = ckpts.latest()                  # newest *complete* checkpoint, or None
@@ -36,10 +36,12 @@ from atomic_ckpt._core.l1_names.errors import (
     StagingLostError,
     StepConflictError,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
     VerificationError,
 )
 from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, TMP_INFIX, parse_step
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
+from atomic_ckpt._core.l3_formats.contents import FileCheck
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
 from atomic_ckpt._core.l4_protocol.commit import Commit
@@ -56,7 +58,7 @@ from atomic_ckpt._core.l4_protocol.onefile import (
 )
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l5_facade.asynchronous import AsyncCommitter
-from atomic_ckpt._core.l5_facade.checkpoint import CheckpointDir
+from atomic_ckpt._core.l5_facade.checkpoint import CheckpointDir, VerifiedCheckpoint
 from atomic_ckpt._version import __version__
 
 
@@ -95,6 +97,7 @@ __all__ = [
     "DistributedCommitError",
     "DistributedNotInitializedError",
     "Entry",
+    "FileCheck",
     "FileEntry",
     "InvalidRootError",
     "InvalidStepError",
@@ -109,7 +112,9 @@ __all__ = [
     "StepConflictError",
     "SyncPolicy",
     "UnmarkedCheckpointsError",
+    "UnusableCheckpointsError",
     "VerificationError",
+    "VerifiedCheckpoint",
     "__version__",
     "atomic_write",
     "clean_temporaries",

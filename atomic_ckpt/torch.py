@@ -14,9 +14,10 @@ Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 from __future__ import annotations
 
 import json
+import math
 import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, SupportsIndex
@@ -24,13 +25,14 @@ from typing import Any, Protocol, SupportsIndex
 import torch
 from safetensors.torch import load_model, save_model
 
-from atomic_ckpt import Checkpoint, CheckpointDir
+from atomic_ckpt import Checkpoint, CheckpointDir, VerifiedCheckpoint
 
 __all__ = [
     "MODEL_FILE",
     "OPTIMIZER_FILE",
     "SCHEDULER_FILE",
     "STATE_FILE",
+    "STATE_FILES",
     "TrainingState",
     "load_state",
     "resume",
@@ -39,9 +41,15 @@ __all__ = [
 ]
 
 MODEL_FILE = "model.safetensors"
+"""The model's parameters and buffers, in safetensors format."""
 OPTIMIZER_FILE = "optimizer.pt"
+"""The optimizer's ``state_dict`` (``torch.save``; loaded with ``weights_only=True``)."""
 SCHEDULER_FILE = "scheduler.pt"
+"""The scheduler's ``state_dict`` (``torch.save``; loaded with ``weights_only=True``)."""
 STATE_FILE = "training_state.json"
+"""Step, epoch and your metadata, as JSON."""
+STATE_FILES = (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE)
+"""The files :func:`write_state` writes (what a verified :func:`resume` keeps in memory)."""
 
 
 class _Stateful(Protocol):
@@ -106,7 +114,7 @@ def save_state(
 
 
 def load_state(
-    checkpoint: Checkpoint | str | os.PathLike[str],
+    checkpoint: Checkpoint | VerifiedCheckpoint | str | os.PathLike[str],
     *,
     model: torch.nn.Module,
     optimizer: _Stateful | None = None,
@@ -117,16 +125,30 @@ def load_state(
     """Load a state written by :func:`save_state` into ``model`` (and optimizer, scheduler).
 
     Pickled state is loaded with ``weights_only=True``. Raises FileNotFoundError
-    if the checkpoint lacks a file for an object you passed.
+    if the checkpoint lacks a file for an object you passed. Given a
+    :class:`~atomic_ckpt.VerifiedCheckpoint` (from ``CheckpointDir.resume_verified``
+    with :data:`STATE_FILES`), the model is loaded from the very mapping it was hashed
+    through, and the other files while their mappings keep those pages in memory: each
+    byte comes from storage once.
     """
+    read: Mapping[str, memoryview] = {}
+    if isinstance(checkpoint, VerifiedCheckpoint):
+        read = checkpoint.files
+        checkpoint = checkpoint.checkpoint
     path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
-    missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=strict, device=device)
-    del missing, unexpected  # with strict=True, load_model raises on either
+    if MODEL_FILE in read:
+        _load_model_bytes(model, read[MODEL_FILE], strict=strict, device=device)
+    else:
+        load_model(model, str(path / MODEL_FILE), strict=strict, device=device)
+    # The pickles are loaded by name; verified, while the mappings they were hashed through
+    # (in ``read``) are still held, so their pages come from memory, not storage again.
+    # (torch.load through a file object over the mapping was twice as slow: it copies.)
     if optimizer is not None:
         optimizer.load_state_dict(_load_pickle(path / OPTIMIZER_FILE, device))
     if scheduler is not None:
         scheduler.load_state_dict(_load_pickle(path / SCHEDULER_FILE, device))
-    doc = json.loads((path / STATE_FILE).read_text())
+    raw = bytes(read[STATE_FILE]) if STATE_FILE in read else (path / STATE_FILE).read_bytes()
+    doc = json.loads(raw)
     return TrainingState(
         step=int(doc["step"]),
         path=path,
@@ -151,15 +173,20 @@ def resume(
     raises :class:`~atomic_ckpt.UnmarkedCheckpointsError` rather than start from
     scratch over them, unless ``fresh=True`` (see ``CheckpointDir.resume_point``).
 
-    With ``verify=True`` the files are checked against the manifest (sizes and
-    checksums) first, which reads them once more; a newest checkpoint that does
-    not verify is skipped with a warning, and the newest one that does is loaded
-    (as ``atomic_ckpt.distributed.resume`` does).
+    With ``verify=True`` every file is checked against the manifest (sizes and
+    checksums) and the state is loaded from the very bytes that were hashed, so
+    each byte is read from storage once (``benchmarks/resume.py`` measures it); a
+    newest checkpoint that does not verify is skipped with a warning, and the
+    newest one that does is loaded (as ``atomic_ckpt.distributed.resume`` does).
     """
-    latest = ckpts.resume_point(verify=verify, fresh=fresh)
-    if latest is None:
+    found: Checkpoint | VerifiedCheckpoint | None
+    if verify:
+        found = ckpts.resume_verified(STATE_FILES, fresh=fresh)
+    else:
+        found = ckpts.resume_point(fresh=fresh)
+    if found is None:
         return None
-    return load_state(latest, model=model, optimizer=optimizer, scheduler=scheduler, device=device)
+    return load_state(found, model=model, optimizer=optimizer, scheduler=scheduler, device=device)
 
 
 def _load_pickle(path: Path, device: str) -> dict[str, Any]:
@@ -167,3 +194,100 @@ def _load_pickle(path: Path, device: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise ValueError(f"{path} does not hold a state dict")
     return state
+
+
+_DTYPES: dict[str, torch.dtype] = {
+    name: dtype
+    for name, dtype in (
+        ("F64", torch.float64),
+        ("F32", torch.float32),
+        ("F16", torch.float16),
+        ("BF16", torch.bfloat16),
+        ("I64", torch.int64),
+        ("I32", torch.int32),
+        ("I16", torch.int16),
+        ("I8", torch.int8),
+        ("U8", torch.uint8),
+        ("BOOL", torch.bool),
+        ("U16", getattr(torch, "uint16", None)),
+        ("U32", getattr(torch, "uint32", None)),
+        ("U64", getattr(torch, "uint64", None)),
+        ("F8_E4M3", getattr(torch, "float8_e4m3fn", None)),
+        ("F8_E5M2", getattr(torch, "float8_e5m2", None)),
+    )
+    if dtype is not None
+}
+
+
+def _safetensors_tensors(data: memoryview) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in ``data``, as views of it (no copy).
+
+    The format: an 8-byte little-endian header length, a JSON header mapping each
+    name to its dtype, shape and ``data_offsets`` (from the end of the header), then
+    the data. Checked as untrusted input; anything off is a ValueError.
+    """
+    if len(data) < 8:
+        raise ValueError("safetensors data is shorter than its 8-byte header length")
+    n = int.from_bytes(data[:8], "little")
+    if n > len(data) - 8 or n > 100 << 20:
+        raise ValueError(f"safetensors header length {n} does not fit the data")
+    try:
+        header = json.loads(bytes(data[8 : 8 + n]))
+    except (ValueError, RecursionError):
+        raise ValueError("safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise ValueError("safetensors header is not an object")
+    base, end = 8 + n, len(data)
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            shape = [int(d) for d in info["shape"]]
+            start, stop = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"safetensors entry {name!r} is malformed: {info!r}") from None
+        count = math.prod(shape)
+        size = count * torch.empty((), dtype=dtype).element_size()
+        if not 0 <= start <= stop <= end - base or stop - start != size:
+            raise ValueError(f"safetensors entry {name!r} has offsets that do not fit")
+        if count == 0:
+            out[name] = torch.empty(shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + start)
+        out[name] = flat.reshape(shape)
+    return out
+
+
+def _load_model_bytes(
+    model: torch.nn.Module, data: memoryview, *, strict: bool, device: str
+) -> None:
+    """``safetensors.torch.load_model`` from bytes in memory: the same handling of tied
+    tensors (stored once; the model's other names for them are not missing)."""
+    state = _safetensors_tensors(data)
+    if device != "cpu":
+        state = {k: v.to(device) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = _tied_names(model, loaded=state.keys())
+    missing = [k for k in missing if k not in tied]
+    if strict and (missing or unexpected):
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(model).__name__}: "
+            f"missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
+
+
+def _tied_names(model: torch.nn.Module, *, loaded: Collection[str]) -> set[str]:
+    """The model's state names that share storage with a name the file held."""
+    by_storage: dict[tuple[torch.device, int], list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=False).items():
+        if tensor.numel() == 0:
+            continue
+        key = (tensor.device, tensor.untyped_storage().data_ptr())
+        by_storage.setdefault(key, []).append(name)
+    tied: set[str] = set()
+    for names in by_storage.values():
+        if len(names) > 1 and any(n in loaded for n in names):
+            tied.update(n for n in names if n not in loaded)
+    return tied

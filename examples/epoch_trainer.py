@@ -94,7 +94,10 @@ class Trainer:
 
     def save_epoch(self) -> None:
         alias = f"epoch{self.epoch}_step{self.global_step}"
-        self.save(self.ckpts.commit(self.epoch, metadata=self.position(True), aliases=[alias]))
+        commit = self.ckpts.commit(
+            self.epoch, metadata=self.position(True), aliases=[alias], replace_aliases=True
+        )  # a re-saved epoch keeps one label, its own
+        self.save(commit)
         self.validate_and_amend(self.epoch)
 
     def validate_and_amend(self, epoch: int) -> None:
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer.resume()
     except UnmarkedCheckpointsError as exc:
-        print(f"refusing to start: {exc}", file=sys.stderr)
+        print(f"refusing to start: {exc}\nTo start from scratch anyway: --fresh", file=sys.stderr)
         return 2
     return trainer.run(stop)
 

@@ -43,6 +43,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "SyncPolicy",
         "TMP_INFIX",
         "UnmarkedCheckpointsError",
+        "UnusableCheckpointsError",
         "VerificationError",
         "__version__",
         "atomic_write",

@@ -11,8 +11,8 @@ take either (a URL needs the ``s3`` extra; ``--storage-options`` passes a JSON
 object to fsspec, and the usual AWS environment variables work).
 
 This module owns the parser, the command table and the small commands; ``ls``
-and ``verify`` live in ``_cli_ls`` and ``_cli_verify``, what they share in
-``_cli_common`` (all built on atomic_ckpt's public API alone).
+and ``verify`` live in ``cli/ls.py`` and ``cli/verify.py``, what they share in
+``cli/common.py`` (all built on atomic_ckpt's public API alone).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from atomic_ckpt import CheckpointDir, CheckpointError, __version__, parse_step
+from atomic_ckpt.cli import audit as _audit_command
 from atomic_ckpt.cli.common import (
     EXIT_ERROR,
     EXIT_NONE,
@@ -37,6 +38,7 @@ from atomic_ckpt.cli.common import (
     open_local,
     open_remote,
 )
+from atomic_ckpt.cli.edit import promote, rm
 from atomic_ckpt.cli.ls import ls
 from atomic_ckpt.cli.verify import verify
 
@@ -83,15 +85,23 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--force",
         action="store_true",
-        help="also remove .tmp-NAME.<32 hex> (and 0.1's NAME.tmp-<32 hex>) entries that carry "
-        "no evidence atomic_ckpt made "
-        "them (e.g. a staging dir whose lock file a power loss dropped)",
+        help="also remove NAME.tmp-<32 hex> and .tmp-NAME.<32 hex> entries that carry no "
+        "evidence atomic_ckpt made them (e.g. a staging dir whose lock file a power loss "
+        "dropped)",
     )
     c = root_cmd("prune", "delete all but the newest complete checkpoints")
     c.add_argument("--keep-last", type=int, required=True, metavar="N", help="keep N (>= 1)")
     c = root_cmd("fetch", "download a checkpoint from a URL into a new local directory")
     c.add_argument("step", metavar="STEP", type=int, help="the step (see `latest`)")
     c.add_argument("dest", metavar="DEST", help="the new directory (must not exist)")
+    c = root_cmd("promote", "make the named checkpoint NAME step STEP, atomically and durably")
+    c.add_argument("name", metavar="NAME", help="a named checkpoint, e.g. interrupted")
+    c.add_argument("step", metavar="STEP", type=int, help="the step it becomes (replaced if there)")
+    c = root_cmd("rm", "delete a complete checkpoint (a step or a named one) durably")
+    c.add_argument("target", metavar="STEP|NAME", help="a step number or a checkpoint name")
+    c.add_argument(
+        "--force", action="store_true", help="also when checkpoint_best names it (the pointer goes)"
+    )
     c = sub.add_parser(
         "mark-complete",
         help="adopt a checkpoint directory written without atomic_ckpt",
@@ -99,6 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("path", metavar="PATH", help="the step directory, e.g. ckpts/1200")
     c.add_argument("--prefix", default="", help="step directory prefix, e.g. checkpoint-")
+    c.add_argument(
+        "--no-check",
+        action="store_true",
+        help="adopt without checking safetensors headers, zip archives and JSON first",
+    )
     c = sub.add_parser("demo", help="watch a training run survive a kill mid-save")
     c.add_argument("dir", metavar="DIR", nargs="?", help="work here instead of a temp dir")
     c.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
@@ -107,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the same with a Hugging Face Trainer (needs atomic_ckpt[transformers])",
     )
+    _audit_command.add_parser(sub)
     return p
 
 
@@ -216,9 +232,29 @@ def _mark_complete(args: argparse.Namespace) -> int:
             f"error: {path.name!r} is not a step directory name"
             + (f" with prefix {args.prefix!r}" if args.prefix else " (use --prefix if it has one)")
         )
-    ckpt = CheckpointDir(path.parent, prefix=args.prefix).mark_complete(step)
+    ckpts = CheckpointDir(path.parent, prefix=args.prefix)
+    checks = [] if args.no_check or not path.is_dir() else ckpts.check_contents(step)
+    broken = [c for c in checks if not c.ok]
+    for c in checks:
+        verdict = "not checked (format not known)" if c.format is None else c.format
+        print(f"  {c.path}: {verdict}" + ("" if c.ok else f": DAMAGED: {c.problem}"))
+    if broken:
+        print(
+            f"refused: {len(broken)} file(s) of {path} are damaged, as a save killed "
+            "mid-write leaves them. Delete the directory (the run can redo that save), or "
+            "adopt it anyway with --no-check.",
+            file=sys.stderr,
+        )
+        return EXIT_NONE  # like a failed verification: nothing complete there
+    ckpt = ckpts.mark_complete(step, check=not args.no_check)
+    unchecked = sum(1 for c in checks if c.format is None)
+    how = (
+        " without checks (--no-check)"
+        if args.no_check
+        else (f"; {unchecked} file(s) of unknown formats adopted unchecked" if unchecked else "")
+    )
     count = len(ckpt.manifest.files)
-    print(f"marked {ckpt.path} complete ({count} {'entry' if count == 1 else 'entries'})")
+    print(f"marked {ckpt.path} complete ({count} {'entry' if count == 1 else 'entries'}){how}")
     return EXIT_OK
 
 
@@ -240,5 +276,8 @@ _COMMANDS = {
     "prune": _prune,
     "fetch": _fetch,
     "mark-complete": _mark_complete,
+    "promote": promote,
+    "rm": rm,
     "demo": _demo,
+    "audit": _audit_command.run,
 }

@@ -15,7 +15,7 @@
 A save, as DCP calls the writer (the coordinator is DCP's rank 0):
 
 1. planning (``prepare_global_plan``, coordinator): begin the commit (the staging
-   lock, then ``.tmp-N.<uuid>/``) and put the staging directory's name into every
+   lock, then ``N.tmp-<uuid>/``) and put the staging directory's name into every
    rank's plan;
 2. ``write_data`` (every rank): write the shards there (``FileSystemWriter``'s own
    code, with its fsync switched off; the disk's writeback of each file is started

@@ -13,9 +13,16 @@
             declare(path / "config.json")              # flushed by rank 0 alone
     ckpt = resume(ckpts)                               # the same on every rank
 
+    with rank0_commit(ckpts, step) as path:           # a save rank 0 alone writes
+        if path is not None:                            # rank 0; the others wait
+            save_model(path)
+
+Every function here also runs without a process group (one process is rank 0), so a
+script that trains on one process or many needs no ``dist.is_initialized()`` branches.
+
 A commit, on every rank of the group, in order:
 
-1. rank 0 takes its staging lock, creates ``.tmp-N.<uuid>/`` and broadcasts the
+1. rank 0 takes its staging lock, creates ``N.tmp-<uuid>/`` and broadcasts the
    name (or why it could not);
 2. every rank writes its files into it (the ``with`` body);
 3. the ranks exchange their outcomes (this is the barrier after the writes);
@@ -75,6 +82,7 @@ from atomic_ckpt import (
     CheckpointError,
     Commit,
     DistributedCommitError,
+    DistributedNotInitializedError,
     RetentionPolicy,
 )
 from atomic_ckpt._core.l1_names import public as _public
@@ -94,6 +102,7 @@ __all__ = [
     "declare",
     "distributed_commit",
     "load_dcp",
+    "rank0_commit",
     "rank_path",
     "resume",
 ]
@@ -132,9 +141,22 @@ def distributed_commit(
     It is collective: called on some ranks only (say inside ``if rank == 0:``,
     followed by a barrier) it cannot complete, so every rank first checks that
     all entered, and raises :class:`~atomic_ckpt.DistributedCommitError` naming
-    the missing ranks after ``entry_timeout`` seconds instead of hanging.
+    the missing ranks after ``entry_timeout`` seconds instead of hanging. (A save
+    that rank 0 alone writes is :func:`rank0_commit`.)
+
+    Without a process group (torch.distributed not initialized: a single-process
+    run of the same script) it is ``ckpts.commit(step, ...)``, so one training script
+    serves both without branching.
     """
     step = operator.index(step)
+    if _single_process(group):  # no process group: one process is every rank
+        with ckpts.commit(step, metadata=metadata, retain=retain) as staging:
+            Declared.open(staging)  # declare() and rank_path() work as on rank 0
+            try:
+                yield staging
+            finally:
+                Declared.close(staging)
+        return
     _all_entered(group, "distributed_commit", entry_timeout, step)
     ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
     # 1. Rank 0 creates the staging dir (its lock first) and broadcasts its name.
@@ -180,6 +202,75 @@ def distributed_commit(
         raise DistributedCommitError(
             f"rank 0 failed to commit step {step}: {why}", step=step, ranks=(0,)
         )
+
+
+@contextlib.contextmanager
+def rank0_commit(
+    ckpts: CheckpointDir,
+    step: SupportsIndex,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    group: dist.ProcessGroup | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    retain: RetentionPolicy | None = None,
+    entry_timeout: float = DEFAULT_ENTRY_TIMEOUT,
+) -> Iterator[Path | None]:
+    """Commit a checkpoint that rank 0 alone writes (a model every rank holds whole),
+    while the other ranks wait for it.
+
+    Enter it on every rank of ``group``: rank 0 gets the staging directory and commits
+    it (``ckpts.commit``) when its block ends; the other ranks get None and, leaving
+    the block, wait until rank 0's commit is durable, so no rank goes on (or resumes)
+    before the checkpoint exists. If rank 0's save fails, it raises its own error and
+    the others a :class:`~atomic_ckpt.DistributedCommitError` naming it; if rank 0 dies
+    or hangs, the others raise DistributedCommitError (at once for a lost connection,
+    after ``timeout`` seconds for a hang) instead of gloo's "connection closed" or an
+    NCCL hang. An error in another rank's block is that rank's own and stops nothing.
+
+    Without a process group it is ``ckpts.commit(step, ...)`` (the path, never None).
+    """
+    step = operator.index(step)
+    if _single_process(group):
+        with ckpts.commit(step, metadata=metadata, retain=retain) as path:
+            yield path
+        return
+    _all_entered(group, "rank0_commit", entry_timeout, step)
+    ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
+    outcome: BaseException | None = None
+    mine: BaseException | None = None
+    if ranks.rank == 0:
+        try:
+            with ckpts.commit(step, metadata=metadata, retain=retain) as path:
+                yield path
+        except BaseException as exc:
+            outcome = exc
+    else:
+        try:
+            yield None
+        except BaseException as exc:
+            mine = exc
+    why = ranks.broadcast(
+        _describe(outcome), "waiting for rank 0 to commit its checkpoint", last=True
+    )
+    if outcome is not None:
+        raise outcome
+    if mine is not None:
+        raise mine
+    if why is not None:
+        raise DistributedCommitError(
+            f"rank 0 failed to commit step {step}: {why}", step=step, ranks=(0,)
+        )
+
+
+def _single_process(group: dist.ProcessGroup | None) -> bool:
+    """True where torch.distributed is not initialized (and no group was named)."""
+    if dist.is_available() and dist.is_initialized():
+        return False
+    if group is not None:
+        raise DistributedNotInitializedError(
+            "a process group was given, but torch.distributed is not initialized"
+        )
+    return True
 
 
 def _begin(
@@ -241,7 +332,11 @@ def resume(
     Rank 0 scans the root (with ``verify=True``, the newest checkpoint whose
     files match its manifest) and broadcasts its choice; the other ranks never
     scan, so they cannot disagree. None on every rank if there is none.
+
+    Without a process group (a single-process run) it is ``ckpts.resume_point(...)``.
     """
+    if _single_process(group):
+        return ckpts.resume_point(verify=verify, fresh=fresh)
     ranks = _Ranks(_coordination_group(group, timeout), None, timeout)
     choice: Checkpoint | None = None
     problem: BaseException | None = None
@@ -275,8 +370,8 @@ def rank_path(
     made inside a :func:`distributed_commit`, is also declared (as by
     :func:`declare`): this rank alone fsyncs and hashes that file.
     """
-    if rank is None:
-        rank = dist.get_rank(group)
+    if rank is None:  # a single process (no process group) is rank 0
+        rank = dist.get_rank(group) if not _single_process(group) else 0
         mine = True
     else:
         mine = dist.is_available() and dist.is_initialized() and rank == dist.get_rank(group)

@@ -11,7 +11,7 @@ conditional write. Needs the ``s3`` extra: ``pip install 'atomic_ckpt[s3]'``.
     # here s3://bucket/run1/<step> is complete, or untouched on error
     last = ckpts.latest()
 
-The protocol and its invariants: docs/object_storage.md.
+The protocol and its invariants: docs/guides/object-storage-protocol.md.
 """
 
 from __future__ import annotations

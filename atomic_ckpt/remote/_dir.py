@@ -28,6 +28,7 @@ from atomic_ckpt import (
     RetentionPolicy,
     VerificationError,
 )
+from atomic_ckpt._core.l1_names.names import check_prefix
 from atomic_ckpt.remote import _clean, _entries, _fetch, _protocol
 from atomic_ckpt.remote._commit import RemoteCommit
 from atomic_ckpt.remote._entries import RemoteEntry
@@ -87,8 +88,7 @@ class RemoteCheckpointDir:
         part_size: int = PART_SIZE,
         multipart_threshold: int = MULTIPART_THRESHOLD,
     ) -> None:
-        if not isinstance(prefix, str) or "/" in prefix or ".tmp-" in prefix:
-            raise ValueError(f"prefix {prefix!r} must be a plain name fragment")
+        check_prefix(prefix)
         self._local = CheckpointDir(
             tempfile.gettempdir(), checksum=checksum, durable=False, workers=workers
         )  # validates checksum and workers; hashes staging trees

@@ -1,4 +1,5 @@
-"""The object-store commit protocol, in the order docs/object_storage.md numbers it.
+"""The object-store commit protocol, in the order
+docs/guides/object-storage-protocol.md numbers it.
 
 Layout under one root (keys relative to it)::
 

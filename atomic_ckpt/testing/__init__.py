@@ -38,6 +38,10 @@ fsyncs, hard links, partial overwrites inside a file (a file's contents change
 as a whole), and file metadata (modes, times, xattrs). Symlinks are created
 whole. Every file version is kept in memory: simulate with a small model.
 
+To audit a program that does not save through the library (any framework, or none),
+see :func:`audit` (``atomic-ckpt audit``): the same crash model, fed by an ``strace``
+recording of the program instead of these hooks.
+
 Typical use, on your own save function::
 
     from atomic_ckpt.testing import check_invariants, explore
@@ -81,12 +85,14 @@ from atomic_ckpt.testing._results import (
     DataFate as DataFate,  # importable as before, outside __all__
 )
 from atomic_ckpt.testing._results import Model as Model
+from atomic_ckpt.testing.audit import AuditReport, audit
 from atomic_ckpt.testing.invariants import check_invariants
 from atomic_ckpt.testing.mutants import STEPS, mutant
 
 __all__ = [
     "MODELS",
     "STEPS",
+    "AuditReport",
     "Checker",
     "CrashState",
     "Expectation",
@@ -98,6 +104,7 @@ __all__ = [
     "Report",
     "Tree",
     "Version",
+    "audit",
     "check_invariants",
     "explore",
     "mutant",

@@ -56,10 +56,17 @@ class _Mirror:
         self.universe = universe
         self.inodes: list[_Inode] = []
         self.ops: list[Op] = []
-        self._new("dir", os.lstat(universe).st_ino)  # inode 0: the universe, durable by assumption
-        self._load(_UNIVERSE, universe)
+        # inode 0: the universe, durable by assumption (an audited workload may create it)
+        exists = os.path.isdir(universe)
+        self._new("dir", os.lstat(universe).st_ino if exists else None)
+        if exists:
+            self._load(_UNIVERSE, universe)
         for inode in self.inodes:
             inode.base_data, inode.base_entries = inode.data, dict(inode.entries)
+
+    def ignores(self, name: str) -> bool:
+        """Names left out of the model (the library's lock files)."""
+        return _ignored(name)
 
     def _new(self, kind: _Kind, real: int | None) -> int:
         self.inodes.append(_Inode(kind, real=real))
@@ -68,7 +75,7 @@ class _Mirror:
     def _load(self, ino: int, path: Path) -> None:
         """Adopt the existing tree under ``path`` as the (durable) starting state."""
         for name in sorted(os.listdir(path)):
-            if _ignored(name):
+            if self.ignores(name):
                 continue
             child = path / name
             st = os.lstat(child)
@@ -118,9 +125,12 @@ class _Mirror:
         *,
         effects: tuple[tuple[str, int | None], ...] = (),
         data: bytes = b"",
-        by: Literal["library", "observed"] = "library",
+        by: Literal["library", "observed", "traced"] = "library",
+        torn: bytes | None = None,
     ) -> None:
-        self.ops.append(Op(len(self.ops), kind, inode, description, effects, data, by))
+        self.ops.append(Op(len(self.ops), kind, inode, description, effects, data, by, torn))
+        if inode < 0:  # a sync of everything
+            return
         node = self.inodes[inode]
         if kind == "entry":
             for name, child in effects:
@@ -138,7 +148,7 @@ class _Mirror:
     def _observe_dir(self, ino: int, path: Path, rel: str) -> None:
         node = self.inodes[ino]
         try:
-            names = [n for n in sorted(os.listdir(path)) if not _ignored(n)]
+            names = [n for n in sorted(os.listdir(path)) if not self.ignores(n)]
         except (FileNotFoundError, NotADirectoryError):
             names = []
         for gone in sorted(set(node.entries) - set(names)):

@@ -13,6 +13,16 @@ Model: TypeAlias = Literal["strict", "ext4", "subset"]
 MODELS: tuple[Model, ...] = ("strict", "ext4", "subset")
 """Every crash model, in the order :func:`explore` tries them at each crash point."""
 
+AuditModel: TypeAlias = Literal["kill", "power"]
+AUDIT_MODELS: tuple[AuditModel, ...] = ("kill", "power")
+"""The models of :func:`~atomic_ckpt.testing.audit`, the same state model seen as a user
+sees it: ``kill`` (a process crash: every completed operation is there, the last write
+possibly half done) and ``power`` (a power loss: ``strict``, and names kept as at the
+crash with unsynced data empty, zero-filled or torn, the ext4 ``data=ordered`` window)."""
+
+ALL_INODES = -1
+"""The inode of a ``sync`` op that makes everything durable (``sync()``, ``syncfs()``)."""
+
 DataFate: TypeAlias = Literal["lost", "kept", "zero", "torn"]
 """What a crash does to data written but not fsynced: dropped, kept, zero-filled
 at full length, or truncated to half its length."""
@@ -114,9 +124,13 @@ class Op:
     effects: tuple[tuple[str, int | None], ...] = ()
     """entry ops: (name, inode or None for removed), applied atomically."""
     data: bytes = b""
-    by: Literal["library", "observed"] = "library"
+    by: Literal["library", "observed", "traced"] = "library"
     """``library``: a hooked call into ``atomic_ckpt._core.l2_syscalls.fs``; ``observed``: found by
-    comparing the tree with the model (the save function's writes, ``mkdir``)."""
+    comparing the tree with the model (the save function's writes, ``mkdir``);
+    ``traced``: a system call of an audited process (``atomic_ckpt.testing.audit``)."""
+    torn: bytes | None = None
+    """data ops: the contents half-way through the writes this op stands for (None:
+    the first half of ``data``, as when a new file is written in one go)."""
 
 
 @dataclass(frozen=True)

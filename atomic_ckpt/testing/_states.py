@@ -1,6 +1,10 @@
 """The crash states a recording allows: which operations each crash model (strict, ext4,
-subset) lets survive at each crash point, the tree that results, and what each step may
-hold there."""
+subset; and the audit's kill and power) lets survive at each crash point, the tree that
+results, and what each step may hold there.
+
+One model, two recorders: :class:`_CrashModel` knows only operations on inodes, so the
+library's own hooks (:mod:`._recorder`) and a system-call trace of any process
+(:mod:`.audit`) feed the same crash states."""
 
 from __future__ import annotations
 
@@ -12,9 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
-from atomic_ckpt.testing._mirror import _UNIVERSE
+from atomic_ckpt.testing._mirror import _UNIVERSE, _Inode
 from atomic_ckpt.testing._recorder import _Recorder, _Save
-from atomic_ckpt.testing._results import MODELS, DataFate, Expectation, Op, Version
+from atomic_ckpt.testing._results import (
+    ALL_INODES,
+    AUDIT_MODELS,
+    MODELS,
+    DataFate,
+    Expectation,
+    Op,
+    Version,
+)
 
 
 @dataclass(frozen=True)
@@ -29,27 +41,25 @@ class _Candidate:
 _Flat: TypeAlias = tuple[tuple[str, str, bytes], ...]
 
 
-class _CrashStates:
-    """The operations of a recorded run, and the crash states they allow."""
+class _CrashModel:
+    """The operations of a recorded run on a tree of inodes, and the crash states they
+    allow: what each model lets survive at each crash point, and the tree that results."""
 
-    def __init__(self, recorder: _Recorder, scratch: Path) -> None:
-        self._rec = recorder
-        self._scratch = scratch
-        self.ops: tuple[Op, ...] = tuple(recorder.ops)
-        self._inodes = recorder.inodes
-        self._root_rel = recorder.rel(recorder.root) or ""
-        # For each op: the index of the first later fsync of its inode.
+    def __init__(self, ops: Sequence[Op], inodes: Sequence[_Inode]) -> None:
+        self.ops: tuple[Op, ...] = tuple(ops)
+        self._inodes = inodes
+        # For each op: the index of the first later fsync of its inode (or of everything).
         never = len(self.ops) + 1
         self._next_sync = [never] * len(self.ops)
         pending: dict[int, list[int]] = {}
         for op in self.ops:
             if op.kind == "sync":
-                for i in pending.pop(op.inode, []):
-                    self._next_sync[i] = op.index
+                synced = list(pending) if op.inode == ALL_INODES else [op.inode]
+                for inode in synced:
+                    for i in pending.pop(inode, []):
+                        self._next_sync[i] = op.index
             else:
                 pending.setdefault(op.inode, []).append(op.index)
-
-    # ---- the model
 
     def covered(self, k: int) -> frozenset[int]:
         """Operations among the first ``k`` that an fsync among them made durable."""
@@ -62,46 +72,6 @@ class _CrashStates:
         return tuple(
             op.index for op in self.ops[:k] if op.kind != "sync" and self._next_sync[op.index] >= k
         )
-
-    def expectations(self, k: int) -> dict[int, Expectation]:
-        """What each step may show after a crash that lets the first ``k`` operations run."""
-        steps = set(self._rec.initial)
-        for s in self._rec.saves:
-            steps.update(s.steps)
-        out: dict[int, Expectation] = {}
-        for step in sorted(steps):
-            initial = self._rec.initial.get(step)
-            current: list[Version] = [initial] if initial is not None else []
-            every: list[Version] = list(current)
-            required = initial is not None
-            replacing = False
-            for i, s in enumerate(self._rec.saves):
-                if step not in s.steps or s.start > k:
-                    continue
-                if s.kind == "delete":
-                    required = False
-                    continue
-                assert s.tree is not None or s.kind == "mark_complete"
-                if s.tree is None:
-                    continue
-                v = Version(step, f"{s.kind} #{i}", s.tree, s.marker)
-                every.append(v)
-                if s.end is not None and s.end <= k:
-                    current, required, replacing = [v], True, False
-                else:
-                    replacing = replacing or required
-                    current.append(v)
-            stale = tuple(v for v in every if all(v is not c for c in current))
-            out[step] = Expectation(step, tuple(current), stale, required, replacing)
-        return out
-
-    def _context(self, k: int) -> tuple[tuple[int, int], ...]:
-        def status(s: _Save) -> int:
-            if s.start > k:
-                return 0
-            return 2 if s.end is not None and s.end <= k else 1
-
-        return tuple((i, status(s)) for i, s in enumerate(self._rec.saves))
 
     def _build(self, persisted: Collection[int], fates: Mapping[int, DataFate]) -> _Flat:
         entries = {i: dict(n.base_entries) for i, n in enumerate(self._inodes) if n.kind == "dir"}
@@ -120,7 +90,9 @@ class _CrashStates:
                 if fate == "zero":
                     data[op.inode] = bytes(len(op.data))
                 elif fate == "torn":
-                    data[op.inode] = op.data[: len(op.data) // 2]
+                    data[op.inode] = (
+                        op.torn if op.torn is not None else op.data[: len(op.data) // 2]
+                    )
                 elif fate == "kept":
                     data[op.inode] = op.data
         flat: list[tuple[str, str, bytes]] = []
@@ -144,30 +116,17 @@ class _CrashStates:
         walk(_UNIVERSE, "")
         return tuple(flat)
 
-    def _materialize(self, flat: _Flat) -> Path:
-        top = self._scratch / "state"
-        if top.exists():
-            shutil.rmtree(top)
-        top.mkdir()
-        for path, kind, payload in flat:
-            target = top / path
-            if kind == "dir":
-                target.mkdir()
-            elif kind == "symlink":
-                os.symlink(os.fsdecode(payload), target)
-            else:
-                target.write_bytes(payload)
-        return top / self._root_rel
-
     # ---- the crash models
 
     def candidates(
         self, models: Sequence[str] = MODELS, *, samples: int = 16, seed: int = 0
     ) -> Iterator[_Candidate]:
         """Every crash state of the models, crash point by crash point."""
-        unknown = set(models) - set(MODELS)
+        unknown = set(models) - set(MODELS) - set(AUDIT_MODELS)
         if unknown:
-            raise ValueError(f"unknown crash models {sorted(unknown)}; choose from {MODELS}")
+            raise ValueError(
+                f"unknown crash models {sorted(unknown)}; choose from {MODELS + AUDIT_MODELS}"
+            )
         rng = random.Random(seed)
         for k in range(len(self.ops) + 1):
             covered = self.covered(k)
@@ -177,8 +136,41 @@ class _CrashStates:
                     yield _Candidate(k, "strict", covered, {}, "everything not fsynced lost")
                 elif model == "ext4":
                     yield from self._ext4(k, covered, loose, rng, samples)
-                else:
+                elif model == "subset":
                     yield from self._subset(k, covered, loose, rng, samples)
+                elif model == "kill":
+                    yield from self._kill(k)
+                else:
+                    yield from self._power(k, covered, loose)
+
+    def _kill(self, k: int) -> Iterator[_Candidate]:
+        """A process crash: the page cache survives, so every completed operation is
+        there; the last one, if it writes data, may have been cut half-way."""
+        done = frozenset(range(k))
+        yield _Candidate(k, "kill", done, {}, "process killed: every completed operation kept")
+        if k and self.ops[k - 1].kind == "data":
+            yield _Candidate(k, "kill", done, {k - 1: "torn"}, "process killed mid-write")
+
+    def _power(
+        self, k: int, covered: frozenset[int], loose: tuple[int, ...]
+    ) -> Iterator[_Candidate]:
+        """A power loss: ``strict`` (names lost unless their directory was fsynced), and
+        the ext4 ``data=ordered`` window: names as at the crash, unsynced data empty (or
+        its last durable contents), zero-filled at full length, or torn."""
+        yield _Candidate(k, "power", covered, {}, "power loss: only what was fsynced survives")
+        names = {i for i in loose if self.ops[i].kind == "entry"}
+        unsynced = [i for i in loose if self.ops[i].kind == "data"]
+        wording = {"lost": "empty or last fsynced", "zero": "zero-filled", "torn": "torn"}
+        fates: tuple[DataFate, ...] = ("lost", "zero", "torn")
+        for fate in fates if unsynced else ("lost",):
+            persisted = covered | names | ({i for i in unsynced} if fate != "lost" else set())
+            yield _Candidate(
+                k,
+                "power",
+                frozenset(persisted),
+                dict.fromkeys(unsynced, fate),
+                f"power loss, names kept as at the crash, unsynced data {wording[fate]}",
+            )
 
     def _ext4(
         self,
@@ -226,3 +218,69 @@ class _CrashStates:
         picks += [frozenset(i for i in loose if rng.random() < 0.5) for _ in range(samples)]
         for pick in picks:
             yield _Candidate(k, "subset", covered | pick, {}, "a subset of unsynced ops kept")
+
+
+class _CrashStates(_CrashModel):
+    """The crash model of a run recorded through the library's hooks, with what each
+    step may hold at each crash point (the saves the hooks saw start and return)."""
+
+    def __init__(self, recorder: _Recorder, scratch: Path) -> None:
+        super().__init__(recorder.ops, recorder.inodes)
+        self._rec = recorder
+        self._scratch = scratch
+        self._root_rel = recorder.rel(recorder.root) or ""
+
+    def expectations(self, k: int) -> dict[int, Expectation]:
+        """What each step may show after a crash that lets the first ``k`` operations run."""
+        steps = set(self._rec.initial)
+        for s in self._rec.saves:
+            steps.update(s.steps)
+        out: dict[int, Expectation] = {}
+        for step in sorted(steps):
+            initial = self._rec.initial.get(step)
+            current: list[Version] = [initial] if initial is not None else []
+            every: list[Version] = list(current)
+            required = initial is not None
+            replacing = False
+            for i, s in enumerate(self._rec.saves):
+                if step not in s.steps or s.start > k:
+                    continue
+                if s.kind == "delete":
+                    required = False
+                    continue
+                assert s.tree is not None or s.kind == "mark_complete"
+                if s.tree is None:
+                    continue
+                v = Version(step, f"{s.kind} #{i}", s.tree, s.marker)
+                every.append(v)
+                if s.end is not None and s.end <= k:
+                    current, required, replacing = [v], True, False
+                else:
+                    replacing = replacing or required
+                    current.append(v)
+            stale = tuple(v for v in every if all(v is not c for c in current))
+            out[step] = Expectation(step, tuple(current), stale, required, replacing)
+        return out
+
+    def _context(self, k: int) -> tuple[tuple[int, int], ...]:
+        def status(s: _Save) -> int:
+            if s.start > k:
+                return 0
+            return 2 if s.end is not None and s.end <= k else 1
+
+        return tuple((i, status(s)) for i, s in enumerate(self._rec.saves))
+
+    def _materialize(self, flat: _Flat) -> Path:
+        top = self._scratch / "state"
+        if top.exists():
+            shutil.rmtree(top)
+        top.mkdir()
+        for path, kind, payload in flat:
+            target = top / path
+            if kind == "dir":
+                target.mkdir()
+            elif kind == "symlink":
+                os.symlink(os.fsdecode(payload), target)
+            else:
+                target.write_bytes(payload)
+        return top / self._root_rel

@@ -185,7 +185,7 @@ def _crash_in_fallback_window(root: str) -> None:
 
     def rename(src: Path, dst: Path) -> None:
         real_rename(src, dst)
-        if ".old-" in dst.name:
+        if ".tmp-old-" in dst.name:
             os.kill(os.getpid(), signal.SIGKILL)
 
     _fs.rename_exchange = no_exchange  # type: ignore[assignment]
@@ -205,7 +205,7 @@ def crashed_in_window(ckpts: CheckpointDir) -> CheckpointDir:
     names = tmp_entries(ckpts.root)
     assert not ckpts.path_of(5).exists()
     assert len(names) == 3  # the old copy aside, the staged new copy and its lock
-    assert any(".old-" in n for n in names)
+    assert any(n.startswith("5.tmp-old-") for n in names)  # the plain form
     return ckpts
 
 
@@ -215,7 +215,7 @@ def test_crash_in_the_fallback_window_is_repaired_by_clean(
     """clean() renames the old copy back to `5/` and removes the dead writer's staging and lock."""
     ckpts = crashed_in_window
     assert ckpts.steps() == []  # the documented window: readers see no step 5 ...
-    staged = {n for n in tmp_entries(ckpts.root) if ".old-" not in n}
+    staged = {n for n in tmp_entries(ckpts.root) if ".tmp-old-" not in n}
     assert len(staged) == 2  # the dead writer's new copy and its lock
     before = snapshot(ckpts.root)
     would = ckpts.clean(dry_run=True)
@@ -293,7 +293,7 @@ def test_prune_rejects_a_count_that_could_delete_the_latest(
 
 
 def test_interrupted_prune_never_leaves_a_complete_looking_dir(ckpts: CheckpointDir) -> None:
-    """A deletion that fails halfway leaves a hidden `.tmp-del-` dir, never a half-deleted `N/`."""
+    """A deletion that fails halfway leaves an `N.tmp-del-` dir, never a half-deleted `N/`."""
     for step in (1, 2, 3):
         commit(ckpts, step)
     hits: list[Path] = []
@@ -310,7 +310,7 @@ def test_interrupted_prune_never_leaves_a_complete_looking_dir(ckpts: Checkpoint
             ckpts.prune(keep_last=1)
     assert len(hits) == 1
     half = hits[0]
-    assert ".del-" in half.name
+    assert half.name.startswith("1.tmp-del-")
     assert (half / MARKER).is_file()
     assert not (half / "model.bin").exists()
     assert not ckpts.path_of(1).exists()

@@ -25,7 +25,7 @@ from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import AHEAD
 from atomic_ckpt._core.l3_formats import tree as _tree
 
-STAGING_RE = re.compile(r"\.tmp-(?P<step>[0-9]+)\.[0-9a-f]{32}")
+STAGING_RE = re.compile(r"(?P<step>[0-9]+)\.tmp-[0-9a-f]{32}")
 
 
 def commit_files(ckpts: CheckpointDir, step: int, files: Mapping[str, bytes]) -> Path:
@@ -48,7 +48,7 @@ NEW = {"model.bin": b"new model, longer", "new_only/shard.bin": b"\x00" * 100}
 
 
 def test_commit_yields_a_fresh_staging_dir_beside_the_final_name(ckpts: CheckpointDir) -> None:
-    """Inside the block the path is an empty `.tmp-N.<uuid4 hex>` dir in the root, not `N/`."""
+    """Inside the block the path is an empty `N.tmp-<uuid4 hex>` dir in the root, not `N/`."""
     with ckpts.commit(5) as path:
         assert isinstance(path, Path)
         assert path.parent == ckpts.root

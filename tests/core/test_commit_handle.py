@@ -27,6 +27,7 @@ from atomic_ckpt import (
 )
 from atomic_ckpt._core.l1_names.names import ROOT_LOCK
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l3_formats.marker import FLOAT_KEY
 
 STAGING_RE = re.compile(r"\.tmp-(?P<name>.+)\.[0-9a-f]{32}")
 OLD = {"model.bin": b"old model", "old_only.txt": b"only in the old save"}
@@ -89,7 +90,8 @@ def test_begin_write_publish_makes_the_same_checkpoint_as_commit(tmp_path: Path)
 
 
 def test_the_handle_is_a_staging_dir_that_becomes_path_of_step(tmp_path: Path) -> None:
-    """.path is a fresh empty `.tmp-N.<uuid>` dir beside the checkpoints; .final is path_of(N)."""
+    """.path is a fresh empty `.tmp-checkpoint-N.<uuid>` dir beside the checkpoints; .final is
+    path_of(N)."""
     ckpts = CheckpointDir(tmp_path, prefix="checkpoint-")
     commit = ckpts.begin(7)
     assert commit.step == 7
@@ -132,7 +134,7 @@ def test_begin_refuses_a_bad_step_or_metadata_before_creating_anything(
     with pytest.raises(InvalidStepError):
         ckpts.begin(-1)
     with pytest.raises(ValueError, match="JSON"):
-        ckpts.begin(1, metadata={"loss": math.nan})
+        ckpts.begin(1, metadata={"tags": {"a set"}})
     assert not ckpts.root.exists()
 
 
@@ -161,19 +163,15 @@ def _set_a_set(metadata: dict[str, Any]) -> None:
     metadata["tags"] = {"best"}
 
 
-def _set_nan(metadata: dict[str, Any]) -> None:
-    metadata["val_loss"] = math.nan
-
-
-def _set_infinity(metadata: dict[str, Any]) -> None:
-    metadata["val_loss"] = math.inf
+def _set_the_reserved_key(metadata: dict[str, Any]) -> None:
+    metadata["val"] = {FLOAT_KEY: "NaN"}
 
 
 def _set_an_int_key(metadata: dict[str, Any]) -> None:
     cast(dict[Any, Any], metadata)[1] = "one"
 
 
-@pytest.mark.parametrize("spoil", [_set_a_set, _set_nan, _set_infinity, _set_an_int_key])
+@pytest.mark.parametrize("spoil", [_set_a_set, _set_the_reserved_key, _set_an_int_key])
 def test_invalid_metadata_set_after_begin_fails_publish_and_leaves_nothing(
     ckpts: CheckpointDir, spoil: Any
 ) -> None:
@@ -193,6 +191,44 @@ def test_invalid_metadata_set_after_begin_fails_publish_and_leaves_nothing(
     assert snapshot(ckpts.root) == before
     with pytest.raises(CommitStateError):
         commit.publish()
+
+
+def test_nan_and_infinities_in_metadata_round_trip_as_standard_json(ckpts: CheckpointDir) -> None:
+    """A diverged run's NaN loss (and infinities, nested too) are recorded losslessly: the
+    marker stays standard JSON, and the manifest gives the floats back."""
+    metadata = {"val_loss": math.nan, "range": [-math.inf, 1.5, math.inf], "ok": {"x": 2}}
+    with ckpts.commit(1, metadata=metadata) as path:
+        write(path, NEW)
+    marker = (ckpts.path_of(1) / MARKER).read_text()
+
+    def no_constants(name: str) -> object:
+        raise AssertionError(f"the marker holds {name}, which is not standard JSON")
+
+    doc = json.loads(marker, parse_constant=no_constants)
+    assert doc["metadata"]["val_loss"] == {FLOAT_KEY: "NaN"}
+    got = ckpts.get(1).manifest.metadata
+    assert math.isnan(got["val_loss"])
+    assert got["range"] == [-math.inf, 1.5, math.inf]
+    assert got["ok"] == {"x": 2}
+    assert ckpts.verify(1).step == 1
+
+
+def test_a_nan_metric_never_ranks_as_best(ckpts: CheckpointDir) -> None:
+    """Retention by a metric treats a NaN (a diverged run) as no value, not as the best."""
+    for step, loss in ((1, 0.5), (2, math.nan), (3, 0.9)):
+        with ckpts.commit(step, metadata={"loss": loss}) as path:
+            write(path, NEW)
+    ckpts.retain(keep_last=1, keep_best=1, metric="loss")
+    assert ckpts.steps() == [1, 3]
+
+
+def test_metadata_may_not_use_the_key_that_encodes_non_finite_floats(
+    ckpts: CheckpointDir,
+) -> None:
+    """The reserved key is refused up front with a message naming it."""
+    with pytest.raises(ValueError, match="reserved"):
+        ckpts.begin(1, metadata={"nested": {FLOAT_KEY: "NaN"}})
+    assert not ckpts.root.exists()
 
 
 # ---------------------------------------------------------------- abort

@@ -836,8 +836,9 @@ def legacy_root(tmp_path: Path) -> Iterator[CheckpointDir]:
 def test_resume_point_refuses_a_root_of_only_unmarked_checkpoints(
     legacy_root: CheckpointDir,
 ) -> None:
-    """UnmarkedCheckpointsError (a CheckpointError and a FileExistsError) names the dirs,
-    `atomic-ckpt mark-complete` and fresh=True."""
+    """UnmarkedCheckpointsError (a CheckpointError and a FileExistsError) names the dirs and
+    the remedies in a user's terms (`atomic-ckpt mark-complete`, starting from scratch),
+    never a library switch."""
     with pytest.raises(UnmarkedCheckpointsError) as info:
         legacy_root.resume_point()
     err = info.value
@@ -845,7 +846,8 @@ def test_resume_point_refuses_a_root_of_only_unmarked_checkpoints(
     assert isinstance(err, FileExistsError)
     assert err.paths == (legacy_root.root / "0", legacy_root.root / "1")
     assert "atomic-ckpt mark-complete" in str(err)
-    assert "fresh=True" in str(err)
+    assert "from scratch deliberately" in str(err)
+    assert "fresh" not in str(err)
     assert "0, 1" in str(err)
     copy = pickle.loads(pickle.dumps(err))
     assert copy.paths == err.paths

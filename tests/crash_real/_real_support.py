@@ -31,6 +31,18 @@ from atomic_ckpt._core.l1_names.names import ROOT_LOCK
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 
 SOAK = os.environ.get("ATOMIC_CKPT_SOAK", "").strip() not in ("", "0")
+
+PREFIX_ENV = "ATOMIC_CKPT_TEST_PREFIX"
+"""The step-name prefix of the roots these tests (and their children) use: plain roots
+stage as ``N.tmp-<hex>``, prefixed ones as ``.tmp-<prefix>N.<hex>`` (the ``root_prefix``
+fixture runs a test on both)."""
+
+
+def prefix() -> str:
+    """The prefix of this run's roots (``""`` unless ``root_prefix`` set one)."""
+    return os.environ.get(PREFIX_ENV, "")
+
+
 """``ATOMIC_CKPT_SOAK=1`` runs every enumeration in full and many more Hypothesis examples."""
 
 HOOKED = tuple(sorted(n for n in _fs.__all__ if callable(getattr(_fs, n))))
@@ -140,6 +152,7 @@ def new_dir(
     """
     return CheckpointDir(
         root,
+        prefix=prefix(),
         checksum=None if single else "crc32",
         lock_timeout=60,
         workers=1 if single else workers,
@@ -279,12 +292,14 @@ def marked_steps(root: Path) -> list[int]:
     if not root.is_dir():
         return []
     out = []
+    head = prefix()
     for name in os.listdir(root):
-        if TMP_INFIX in name or re.fullmatch(r"0|[1-9][0-9]*", name, re.ASCII) is None:
+        digits = name[len(head) :] if name.startswith(head) else ""
+        if TMP_INFIX in name or re.fullmatch(r"0|[1-9][0-9]*", digits, re.ASCII) is None:
             continue
         path = root / name
         if stat.S_ISDIR(os.lstat(path).st_mode) and os.path.lexists(path / MARKER):
-            out.append(int(name))
+            out.append(int(digits))
     return sorted(out)
 
 
@@ -368,7 +383,7 @@ def continue_and_clean(
     removed = {p.name for p in ckpts.clean()}
     assert leftovers(root) == [], f"clean() left {leftovers(root)} in {root}"
     assert set(orphans) <= removed, f"clean() did not report {set(orphans) - removed}"
-    assert sorted(os.listdir(root)) == sorted(str(s) for s in holds)
+    assert sorted(os.listdir(root)) == sorted(f"{prefix()}{s}" for s in holds)
     return orphans
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from _real_mounts import KINDS, Mount, Mounter, mount_or_skip
-from _real_support import FACTS, SOAK, STATS
+from _real_support import FACTS, PREFIX_ENV, SOAK, STATS
 
 
 @pytest.fixture
@@ -28,6 +28,15 @@ def mounter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounter]:
 def real_fs(request: pytest.FixtureRequest, mounter: Mounter) -> Mount:
     """Each real filesystem in turn: loop-mounted ext4, xfs, btrfs; tmpfs; overlayfs."""
     return mount_or_skip(mounter, request.param)
+
+
+@pytest.fixture(params=["", "checkpoint-"], ids=["plain", "prefixed"])
+def root_prefix(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on plain roots (staging ``N.tmp-<hex>``) and on prefixed ones
+    (``.tmp-checkpoint-N.<hex>``): the prefix reaches child processes through the
+    environment."""
+    monkeypatch.setenv(PREFIX_ENV, request.param)
+    return str(request.param)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -41,6 +41,7 @@ from _real_support import (
 )
 
 from atomic_ckpt import MARKER, SyncPolicy
+from atomic_ckpt._core.l1_names.names import TAG_OLD, parse_tmp
 from atomic_ckpt.testing import mutant
 
 pytestmark = pytest.mark.root
@@ -60,9 +61,11 @@ def replace_path(hook: FsHook) -> str:
     return "RENAME_EXCHANGE"
 
 
-def test_commit_replace_prune_scan(real_fs: Mount) -> None:
-    """Commit, replace, scan past junk, prune and clean: each step's bytes exact throughout."""
+def test_commit_replace_prune_scan(real_fs: Mount, root_prefix: str) -> None:
+    """Commit, replace, scan past junk, prune and clean: each step's bytes exact throughout
+    (plain and prefixed roots; junk of both staging forms in each)."""
     root = real_fs.path / "ckpts"
+    pre = root_prefix
     seed = 21
     plan = plan_of([1, 2, 3, 2, 4, 5, 5])
     ckpts = new_dir(root)
@@ -72,34 +75,39 @@ def test_commit_replace_prune_scan(real_fs: Mount) -> None:
             commit_save(ckpts, seed, save)
             check_root(root, seed, plan, save.index + 1)
     FACTS[f"replace path on {real_fs.kind}"] = replace_path(hook)
-    # Junk the scanner must skip: a marked staging dir (with the lock file its killed
-    # writer left, which tells clean() it may go), an unmarked step, a file.
-    junk = root / f"9.tmp-{'0' * 32}"
-    junk.mkdir()
-    (junk / MARKER).write_bytes(b"")
-    (root / f"9.tmp-{'0' * 32}.lock").write_bytes(b"")
-    (root / "8").mkdir()
-    (root / "10").write_bytes(b"not a checkpoint")
+    # Junk the scanner must skip: marked staging dirs of both forms (with the lock
+    # files their killed writers left, which tell clean() they may go), an unmarked
+    # step, a file.
+    junk = [root / f"{pre}9.tmp-{'0' * 32}", root / f".tmp-{pre}9.{'1' * 32}"]
+    for j in junk:
+        j.mkdir()
+        (j / MARKER).write_bytes(b"")
+        j.with_name(j.name + ".lock").write_bytes(b"")
+    (root / f"{pre}8").mkdir()
+    (root / f"{pre}10").write_bytes(b"not a checkpoint")
     assert ckpts.steps() == [1, 2, 3, 4, 5]
     latest = ckpts.latest()
     assert latest is not None
     assert latest.step == 5
     assert ckpts.get(2).manifest.metadata["save"] == 3
     removed = ckpts.prune(keep_last=2)
-    assert sorted(p.name for p in removed) == ["1", "2", "3"]
+    assert sorted(p.name for p in removed) == [f"{pre}1", f"{pre}2", f"{pre}3"]
     assert ckpts.steps() == [4, 5]
-    assert [p.name for p in ckpts.clean()] == [junk.name, f"{junk.name}.lock"]
-    shutil.rmtree(root / "8")
-    (root / "10").unlink()
+    assert sorted(p.name for p in ckpts.clean()) == sorted(
+        [n for j in junk for n in (j.name, f"{j.name}.lock")]
+    )
+    shutil.rmtree(root / f"{pre}8")
+    (root / f"{pre}10").unlink()
     assert leftovers(root) == []
-    assert sorted(os.listdir(root)) == ["4", "5"]
+    assert sorted(os.listdir(root)) == [f"{pre}4", f"{pre}5"]
     for step in (4, 5):
         ckpts.verify(step)
     STATS[f"filesystems covered: {real_fs.kind}"] = 1
 
 
-def test_fallback_replace_and_its_crash_window(real_fs: Mount) -> None:
-    """Without RENAME_EXCHANGE: replace works; a kill between its renames is undone by clean()."""
+def test_fallback_replace_and_its_crash_window(real_fs: Mount, root_prefix: str) -> None:
+    """Without RENAME_EXCHANGE: replace works; a kill between its renames is undone by clean()
+    (plain and prefixed roots)."""
     root = real_fs.path / "ckpts"
     seed = 22
     plan = plan_of([1, 1])
@@ -131,7 +139,9 @@ def test_fallback_replace_and_its_crash_window(real_fs: Mount) -> None:
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert f"hook {aside} rename after" in killed.stdout
     assert new_dir(window).steps() == [], "in the window, step 1 is missing (documented)"
-    assert [n for n in leftovers(window) if ".old-" in n], leftovers(window)
+    asides = [n for n in leftovers(window) if (t := parse_tmp(n)) and t.tag == TAG_OLD]
+    assert asides, leftovers(window)
+    assert asides[0].startswith(".tmp-" if root_prefix else "1.tmp-old-"), asides
     check_root(window, seed, plan, 1, window=True)
     new_dir(window).clean()  # renames the old copy back
     assert check_root(window, seed, plan, 1) == {1: 0}

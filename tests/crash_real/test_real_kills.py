@@ -130,8 +130,9 @@ def recover(
 
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "fallback"])
-def test_sigkill_at_every_hooked_call(tmp_path: Path, fallback: bool) -> None:
-    """SIGKILL before and after every _fs call and save write: I1-I4 hold, clean() tidies.
+def test_sigkill_at_every_hooked_call(tmp_path: Path, fallback: bool, root_prefix: str) -> None:
+    """SIGKILL before and after every _fs call and save write: I1-I4 hold, clean() tidies
+    (plain roots, staging ``N.tmp-<hex>``, and prefixed ones, ``.tmp-<prefix>N.<hex>``).
 
     An fsync changes nothing a process kill can see, so by default the kills
     fall around every other call (each rename, marker write, removal, mkdir -p

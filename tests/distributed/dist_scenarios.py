@@ -21,7 +21,7 @@ from ranks import Ctx, run_scenario
 
 from atomic_ckpt import DistributedCommitError, RetentionPolicy
 from atomic_ckpt._core.l2_syscalls import fs as _fs
-from atomic_ckpt.distributed import distributed_commit, load_dcp, rank_path, resume
+from atomic_ckpt.distributed import distributed_commit, load_dcp, rank0_commit, rank_path, resume
 
 TIMEOUT = 4.0
 """The commit timeout of the failure scenarios: short, to keep the suite fast."""
@@ -227,7 +227,8 @@ def commit_on_rank0_only(ctx: Ctx) -> Any:
 
 @scenario
 def resume_unmarked(ctx: Ctx) -> Any:
-    """resume() on a root of unmarked step dirs only (the test made them), then fresh=True."""
+    """resume() on a root of unusable (unmarked, unreadable) step dirs only (the test made
+    them), then fresh=True."""
     seen: dict[str, Any] = {}
     try:
         resume(ctx.ckpts)
@@ -283,3 +284,26 @@ def fsync_count_one_undeclared(ctx: Ctx) -> Any:
         declare(rank_path(path / "shard.bin"))
         (path / f"loose{ctx.rank}.bin").write_bytes(payload(ctx.rank, 1, 10))
     return counts
+
+
+@scenario
+def rank0_saves(ctx: Ctx) -> Any:
+    """rank0_commit: rank 0 writes the model; every rank leaves after the commit is durable.
+    ``die``: rank 0 is killed inside its block; ``fail``: rank 0's save raises."""
+    seen: dict[str, Any] = {}
+    start = time.monotonic()
+    try:
+        with rank0_commit(ctx.ckpts, 4, timeout=TIMEOUT, metadata={"by": "rank0"}) as path:
+            seen["path"] = None if path is None else path.name
+            if path is not None:
+                (path / "model.bin").write_bytes(payload(0, 4))
+                if ctx.params.get("die"):
+                    (ctx.out / "killed").write_text(path.name)
+                    kill_self()
+                if ctx.params.get("fail"):
+                    raise OSError("no space left on purpose")
+        seen["steps"] = ctx.ckpts.steps()  # visible to every rank once the block is left
+    except Exception as exc:
+        seen.update(error=type(exc).__name__, message=str(exc))
+    seen["elapsed"] = time.monotonic() - start
+    return seen

@@ -62,3 +62,21 @@ def test_resume_refuses_an_unmarked_root_on_every_rank_unless_fresh(
         assert "mark-complete" in r.data["message"]
         assert r.data["fresh"] is True
     assert results[0].data["paths"] == ["0", "1"]
+
+
+def test_resume_refuses_a_root_of_unreadable_markers_on_every_rank_unless_fresh(
+    run_ranks: Runner, tmp_path: Path
+) -> None:
+    """A step whose marker is of a newer format version: every rank raises rank 0's
+    UnusableCheckpointsError saying why, not None; fresh=True gives None."""
+    step = tmp_path / "ckpts" / "4"
+    step.mkdir(parents=True)
+    (step / "model.pt").write_bytes(b"newer")
+    (step / "checkpoint_complete").write_text('{"format": "atomic_ckpt", "version": 3}')
+    results = run_ranks("resume_unmarked", 2)
+    assert all(r.ok for r in results), results
+    for r in results:
+        assert r.data["plain"] == "UnusableCheckpointsError", r
+        assert "version 3" in r.data["message"]
+        assert r.data["paths"] == ["4"]
+        assert r.data["fresh"] is True

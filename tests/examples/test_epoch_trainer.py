@@ -142,14 +142,14 @@ def test_the_example_runs_as_a_script(tmp_path: Path) -> None:
 
 
 KILLS = {
-    "during-the-save-of-epoch-1": r"fsync_file:/\.tmp-1\.[0-9a-f]+/optimizer\.pt$:1",
-    "before-the-promotion-of-epoch-1": r"rename_noreplace:/\.tmp-1\.[0-9a-f]+$:1",
+    "during-the-save-of-epoch-1": r"fsync_file:/1\.tmp-[0-9a-f]+/optimizer\.pt$:1",
+    "before-the-promotion-of-epoch-1": r"rename_noreplace:/1\.tmp-[0-9a-f]+$:1",
     "during-the-amend-of-epoch-1": r"link_or_copy:/1/model\.safetensors$:1",
-    "before-the-amends-exchange": r"rename_exchange:/\.tmp-1\.[0-9a-f]+$:1",
-    "after-the-amends-exchange": r"rename_exchange:/\.tmp-1\.[0-9a-f]+$:1:after",
+    "before-the-amends-exchange": r"rename_exchange:/1\.tmp-[0-9a-f]+$:1",
+    "after-the-amends-exchange": r"rename_exchange:/1\.tmp-[0-9a-f]+$:1:after",
     "during-retention-after-epoch-2": r"rename:/0$:1",
     "after-retention-moved-epoch-0-aside": r"rename:/0$:1:after",
-    "during-the-last-amend": r"write_file_durable:/\.tmp-3\.[0-9a-f]+/checkpoint_complete$:2",
+    "during-the-last-amend": r"write_file_durable:/3\.tmp-[0-9a-f]+/checkpoint_complete$:2",
 }
 
 
@@ -188,7 +188,7 @@ def test_a_kill_while_saving_interrupted_resumes_from_the_last_epoch(
     """SIGTERM, then SIGKILL during the `interrupted` save: nothing named; epoch 0 resumes."""
     root = tmp_path / "run"
     killed = train(
-        root, "--term-at-step", "7", "--kill", r"fsync_file:/\.tmp-interrupted\.[0-9a-f]+/:1"
+        root, "--term-at-step", "7", "--kill", r"fsync_file:/interrupted\.tmp-[0-9a-f]+/:1"
     )
     assert killed.returncode == -9, (killed.out, killed.err)
     assert killed.line("killing ") is not None
@@ -197,7 +197,7 @@ def test_a_kill_while_saving_interrupted_resumes_from_the_last_epoch(
     assert run.line("resumed from 0: epoch 1 step 0") is not None, run.out
 
 
-PROMOTED = r"(/interrupted|/\.tmp-1\.[0-9a-f]+)"
+PROMOTED = r"(/interrupted|/1\.tmp-[0-9a-f]+)"
 """What promote_named renames into step 1: the named dir itself, or a staging dir of links."""
 PROMOTION_KILLS = {
     "during-the-marker-write": rf"write_file_durable:{PROMOTED}/checkpoint_complete$:1",

@@ -34,9 +34,11 @@ def _amend_metadata(ckpts: CheckpointDir) -> None:
 
 
 @pytest.mark.parametrize("save", [_amend_files, _amend_metadata], ids=["files", "metadata"])
-def test_every_crash_state_of_an_amend_keeps_the_invariants(save: object) -> None:
-    """Under every crash model, a crash anywhere in an amend leaves the old or the new step."""
-    report = explore(save, setup=_setup, models=MODELS)  # type: ignore[arg-type]
+@pytest.mark.parametrize("prefix", ["", "checkpoint-"], ids=["plain", "prefixed"])
+def test_every_crash_state_of_an_amend_keeps_the_invariants(save: object, prefix: str) -> None:
+    """Under every crash model, a crash anywhere in an amend leaves the old or the new step
+    (in a plain root and in a prefixed one: both staging forms)."""
+    report = explore(save, setup=_setup, prefix=prefix, models=MODELS)  # type: ignore[arg-type]
     assert report.states_checked > 10
     assert report.ok, str(report)
 

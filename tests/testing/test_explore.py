@@ -67,14 +67,22 @@ def test_the_description_says_which_operations_survived() -> None:
     assert "ckpts/5/model.bin (0 bytes)" in text
 
 
-def test_recording_sees_the_library_calls_and_the_save_functions_writes() -> None:
-    """fsyncs and renames come from the syscall module; the files written are observed."""
-    with record(_committed_save) as rec:
+@pytest.mark.parametrize(
+    ("prefix", "staging"),
+    [("", "5.tmp-"), ("checkpoint-", ".tmp-checkpoint-5.")],
+    ids=["plain", "prefixed"],
+)
+def test_recording_sees_the_library_calls_and_the_save_functions_writes(
+    prefix: str, staging: str
+) -> None:
+    """fsyncs and renames come from the syscall module; the files written are observed (in
+    the staging dir of the root's form)."""
+    with record(_committed_save, prefix=prefix) as rec:
         ops = [op.description for op in rec.ops]
     observed = [op for op in rec.ops if op.by == "observed"]
-    assert any(d.startswith("write ckpts/.tmp-5.") and "model.bin" in d for d in ops)
-    assert any(d.startswith("fsync ckpts/.tmp-5.") and d.endswith("/model.bin") for d in ops)
-    assert any(d.startswith("rename (noreplace) ckpts/.tmp-5.") for d in ops)
+    assert any(d.startswith(f"write ckpts/{staging}") and "model.bin" in d for d in ops)
+    assert any(d.startswith(f"fsync ckpts/{staging}") and d.endswith("/model.bin") for d in ops)
+    assert any(d.startswith(f"rename (noreplace) ckpts/{staging}") for d in ops)
     assert ops[-1] == "fsync ckpts"
     assert observed
     assert all(op.kind != "sync" for op in observed)

@@ -127,12 +127,15 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "model", "invariant"), CASES)
-def test_simulation_catches_the_mutant(name: str, model: str, invariant: str) -> None:
-    """With one protocol step switched off, some crash state breaks the named invariant."""
+@pytest.mark.parametrize("prefix", ["", "checkpoint-"], ids=["plain", "prefixed"])
+def test_simulation_catches_the_mutant(name: str, model: str, invariant: str, prefix: str) -> None:
+    """With one protocol step switched off, some crash state breaks the named invariant
+    (in a plain root and in a prefixed one)."""
     off, workload, _ = MUTANTS[name]
     report = explore(
         workload.save,
         setup=workload.setup,
+        prefix=prefix,
         sync=None if off == "replace=delete" else mutant(off),
         replace="delete" if off == "replace=delete" else "exchange",
         models=(model,),
@@ -150,12 +153,17 @@ def test_every_protocol_step_has_a_mutant() -> None:
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
 @pytest.mark.parametrize("replace", ["exchange", "aside"])
-def test_full_protocol_passes_the_mutant_workloads(workload: Workload, replace: Replace) -> None:
-    """The control: the full protocol (with exchange or the move-aside fallback) passes."""
+@pytest.mark.parametrize("prefix", ["", "checkpoint-"], ids=["plain", "prefixed"])
+def test_full_protocol_passes_the_mutant_workloads(
+    workload: Workload, replace: Replace, prefix: str
+) -> None:
+    """The control: the full protocol (with exchange or the move-aside fallback) passes, in
+    a plain root (staging ``N.tmp-<hex>``) and a prefixed one (``.tmp-<prefix>N.<hex>``)."""
     report = explore(
         workload.save,
         setup=workload.setup,
         replace=replace,
+        prefix=prefix,
         models=MODELS,
     )
     assert report.ok, str(report)

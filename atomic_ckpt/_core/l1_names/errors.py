@@ -89,11 +89,13 @@ class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
 
 
-class UnmarkedCheckpointsError(CheckpointError, FileExistsError):
-    """A resume found step directories without a marker and no complete checkpoint.
+class UnusableCheckpointsError(CheckpointError, FileExistsError):
+    """A resume found step directories it cannot use and no checkpoint to resume from.
 
-    Starting from scratch there would train over (and soon replace) checkpoints
-    written before atomic_ckpt. ``paths`` lists them.
+    Each is there but unusable: no marker, a marker this version cannot read (a newer
+    format version, a non-empty legacy marker), or files that do not verify (with
+    ``verify=True``). Starting from scratch there would train over (and soon replace)
+    them. ``paths`` lists them; ``problems`` says why each cannot be used, one line each.
     """
 
     def __init__(
@@ -103,9 +105,19 @@ class UnmarkedCheckpointsError(CheckpointError, FileExistsError):
         path: str | Path | None = None,
         step: int | None = None,
         paths: tuple[Path, ...] = (),
+        problems: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message, path=path, step=step)
         self.paths = paths
+        self.problems = problems
+
+
+class UnmarkedCheckpointsError(UnusableCheckpointsError):
+    """A resume found step directories without a marker and no complete checkpoint.
+
+    Starting from scratch there would train over (and soon replace) checkpoints
+    written before atomic_ckpt. ``paths`` lists them.
+    """
 
 
 class CommitStateError(CheckpointError, RuntimeError):

@@ -160,6 +160,52 @@ def checksum_file(
         os.close(fd)
 
 
+def map_file(
+    path: str | os.PathLike[str],
+    algorithm: str | None,
+    *,
+    on_read: Callable[[int], None] | None = None,
+) -> tuple[memoryview, str | None]:
+    """A regular file (never through a symlink) mapped into memory, and its checksum
+    computed through that mapping: the pages hashed are the pages a loader then reads
+    from the returned view, so a verified load fetches each byte from storage once and
+    copies nothing on the way (a file-backed mapping: no anonymous memory to fault in).
+
+    The mapping is private and writable (``torch.frombuffer`` wants a writable buffer;
+    nothing writes to it). Only for files nobody truncates while they are mapped (a
+    committed checkpoint's): touching a page past a truncated end is SIGBUS. An empty
+    file is an empty view. ``algorithm`` None: mapped, not hashed. Sets
+    :func:`hashed_size` like checksum_file.
+    """
+    _local.hashed = None
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            view = memoryview(b"")
+        else:
+            area = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            if hasattr(mmap, "MADV_SEQUENTIAL"):
+                area.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(area)
+        digest = None
+        if algorithm is not None and algorithm not in _HASHERS:  # an fd function only
+            digest = CHECKSUMS[algorithm](fd)
+        elif algorithm is not None:
+            hasher = _HASHERS[algorithm]()
+            for start in range(0, size, _MAP_CHUNK):
+                hasher.update(view[start : start + _MAP_CHUNK])
+                if on_read is not None:
+                    on_read(min(_MAP_CHUNK, size - start))
+            digest = hasher.hexdigest()
+        elif on_read is not None:
+            on_read(size)
+    finally:
+        os.close(fd)
+    _local.hashed = size
+    return view, digest
+
+
 def _checksum_mapped(
     fd: int, algorithm: str, ahead: Callable[[int, int], None] | None = None
 ) -> str | None:

@@ -4,7 +4,8 @@
   and deletion within a root. Its holder removes the file (while still holding
   it) when done, so a root at rest holds nothing but checkpoints; a file left by
   a killed holder is taken and removed by the next one.
-* A writer holds ``.tmp-N.<token>.lock`` for the whole of its save and removes it
+* A writer holds ``N.tmp-<token>.lock`` (``.tmp-<prefix>N.<token>.lock`` in a root
+  with a prefix) for the whole of its save and removes it
   (while still holding it) when done; ``clean()`` claims a token's lock before it
   touches that token's entries, so a live save is never removed.
 

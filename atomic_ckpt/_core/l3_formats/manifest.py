@@ -25,6 +25,7 @@ from atomic_ckpt._core.l3_formats.marker import (
     BodySource,
     FileEntry,
     check_metadata,
+    encode_floats,
     to_json,
 )
 from atomic_ckpt._core.l3_formats.marker import Header as _Header
@@ -212,7 +213,7 @@ class Manifest:
             "created": self.created,
             "library_version": self.library_version,
             "checksum": self.checksum,
-            "metadata": dict(self.metadata),
+            "metadata": encode_floats(dict(self.metadata)),
             "entries": len(files),
             "file_count": sum(1 for e in files if e.type == "file"),
             "total_size": sum(e.size for e in files if e.type == "file"),

@@ -54,6 +54,7 @@ raise ManifestError), never a crash of the reader.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,17 +84,61 @@ _CRC32_RE = re.compile(r"[0-9a-f]{8}", re.ASCII)
 # ---------------------------------------------------------------- metadata
 
 
+FLOAT_KEY = "$atomic_ckpt.float"
+"""The one key of the JSON object that stands for a non-finite float in metadata
+(``{"$atomic_ckpt.float": "NaN"}``, ``"Infinity"``, ``"-Infinity"``): a diverged run's
+NaN loss is recorded losslessly while the marker stays standard JSON, which has no NaN.
+User metadata may not use the key itself."""
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def encode_floats(value: object) -> object:
+    """``value`` with every non-finite float replaced by its :data:`FLOAT_KEY` object;
+    ValueError for a mapping that uses :data:`FLOAT_KEY` as a key of its own."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return {
+            FLOAT_KEY: "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        }
+    if isinstance(value, Mapping):
+        if FLOAT_KEY in value:
+            raise ValueError(
+                f"metadata key {FLOAT_KEY!r} is reserved (it encodes NaN and infinities): rename it"
+            )
+        return {k: encode_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encode_floats(v) for v in value]
+    return value
+
+
+def decode_floats(value: Any) -> Any:
+    """The inverse of :func:`encode_floats`, for metadata read from a marker."""
+    if isinstance(value, dict):
+        if len(value) == 1 and FLOAT_KEY in value:
+            found = _NON_FINITE.get(value[FLOAT_KEY])
+            if found is not None:
+                return found
+        return {k: decode_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_floats(v) for v in value]
+    return value
+
+
 def to_json(value: object) -> str:
-    """Standard JSON for ``value``; ValueError (never ``NaN``) if it has no such form."""
+    """Standard JSON for ``value`` (non-finite floats as :data:`FLOAT_KEY` objects, never
+    ``NaN``); ValueError if it has no such form."""
     try:
-        return json.dumps(value, allow_nan=False)
+        return json.dumps(encode_floats(value), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"metadata must be JSON-serializable (finite numbers): {exc}") from None
+        raise ValueError(f"metadata must be JSON-serializable: {exc}") from None
 
 
 def check_metadata(metadata: object) -> dict[str, Any]:
-    """``metadata`` as a fresh dict, checked to be a JSON object with finite numbers that
-    fits in a marker's header (:data:`MAX_METADATA_BYTES` as JSON)."""
+    """``metadata`` as a fresh dict, checked to be a JSON object that fits in a marker's
+    header (:data:`MAX_METADATA_BYTES` as JSON). NaN and infinities are accepted: they are
+    recorded as :data:`FLOAT_KEY` objects and read back as floats."""
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):

@@ -20,6 +20,7 @@ from atomic_ckpt._core.l3_formats.marker import (
     MAX_MARKER_BYTES,
     FileEntry,
     Header,
+    decode_floats,
 )
 
 # ---------------------------------------------------------------- parsing
@@ -86,7 +87,7 @@ def _check_header(doc: object) -> tuple[dict[str, Any], Header | None]:
         "created": _time(doc.get("created")),
         "library_version": _opt_str(doc.get("library_version")),
         "checksum": _opt_str(doc.get("checksum")),
-        "metadata": metadata,
+        "metadata": decode_floats(metadata),
     }
     if version == 1:
         return fields, None

@@ -13,8 +13,10 @@ from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     ManifestError,
     StepConflictError,
+    VerificationError,
 )
 from atomic_ckpt._core.l1_names.names import MARKER_TMP_PREFIX, is_marker_name, new_token
+from atomic_ckpt._core.l3_formats.contents import check_contents
 from atomic_ckpt._core.l3_formats.manifest import Manifest
 from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
 from atomic_ckpt._core.l3_formats.tree import sync_tree
@@ -22,18 +24,22 @@ from atomic_ckpt._core.l4_protocol.root import Root, check_step
 from atomic_ckpt._version import __version__
 
 
-def adopt(root: Root, step: SupportsIndex) -> Checkpoint:
+def adopt(root: Root, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
     """``mark_complete``: write a manifest marker into a directory written without us.
 
-    The tree is fsynced and hashed outside the root lock (it may be large, and a
-    concurrent commit must not time out waiting); the marker is written under it,
-    after checking that the directory is still the one that was hashed.
+    With ``check`` (the default), the files whose formats can be checked without their
+    writer (:mod:`..l3_formats.contents`) are checked first, and a directory where one
+    fails is refused with a :class:`VerificationError` naming each file and what is
+    wrong: a legacy save torn by a kill is not adopted as complete. The tree is fsynced
+    and hashed outside the root lock (it may be large, and a concurrent commit must not
+    time out waiting); the marker is written under it, after checking that the
+    directory is still the one that was hashed.
     """
     step = check_step(step)
     path = root.path / root.name_of(step)
     try:
         before = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (ENOTDIR: a file where the root is)
         raise CheckpointNotFoundError(
             f"{path} does not exist: nothing to mark complete", path=path, step=step
         ) from None
@@ -46,6 +52,20 @@ def adopt(root: Root, step: SupportsIndex) -> Checkpoint:
     existing = _valid_manifest(path)
     if existing is not None:
         return Checkpoint(step, path, existing)
+    if check:
+        broken = [c for c in check_contents(path) if not c.ok]
+        if broken:
+            problems = tuple(f"{path / c.path}: {c.format} file {c.problem}" for c in broken)
+            raise VerificationError(
+                f"refusing to mark {path} complete: {len(broken)} file(s) are damaged, "
+                "as a save killed mid-write leaves them:\n  "
+                + "\n  ".join(problems)
+                + "\nIf the run that wrote them can redo the save, delete the directory; "
+                "to adopt it anyway, pass check=False (atomic-ckpt mark-complete --no-check)",
+                path=path / broken[0].path,
+                step=step,
+                problems=problems,
+            )
     files = sync_tree(
         path, policy=root.sync, checksum=root.checksum, workers=root.workers, skip=is_marker_name
     )

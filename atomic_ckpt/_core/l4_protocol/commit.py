@@ -15,7 +15,7 @@ import os
 import stat
 import time
 import weakref
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, SupportsIndex
@@ -63,6 +63,7 @@ class Commit:
         metadata: dict[str, Any],
         retain: RetentionPolicy | None,
         aliases: list[str],
+        replace_aliases: bool = False,
     ) -> None:
         self._root = root
         self._lock = lock
@@ -84,6 +85,9 @@ class Commit:
         """A retention policy applied once the commit is durable, or None."""
         self.aliases = aliases
         """Symlinks in the root that will name the checkpoint (replaced with the promotion)."""
+        self.replace_aliases = replace_aliases
+        """Whether :attr:`aliases` become the checkpoint's only aliases: the ones naming
+        it before (an older save of the step) go with the promotion."""
         # Holding the staging dir open pins its identity (its inode cannot be reused),
         # so a save that deletes it and makes a new one is always noticed.
         self._fd: int | None = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -189,6 +193,10 @@ class Commit:
             _repair.restore_asides(root)
             _stage.check_target(final, self._step)
             _delete.check_aliases_free(root, self.aliases)  # before anything changes
+            if self.replace_aliases:
+                # Aliases of the older save that this one drops go first, durably: none
+                # may name the new contents, and none may dangle.
+                _delete.drop_aliases(root, final.name, keep=self.aliases)
             old = self._old = _stage.promote(root, staging, final)
             self._promoted = True
             # The aliases follow the rename at once (a crash between the two leaves an
@@ -256,7 +264,7 @@ class Commit:
                 self._require_open("publish")  # raises: a forked child
             return  # the child's exception propagates; the parent's commit is untouched
         if exc is None:
-            self.publish()
+            self.finish() if self._step is None else self.publish()
         else:
             self.abort(exc)
 
@@ -359,6 +367,18 @@ def open_commit(root: Root, name: str) -> Commit | None:
     return commit
 
 
+@contextlib.contextmanager
+def joined(commit: Commit) -> Iterator[Path]:
+    """A block that adds to the open ``commit`` (``join=True``): it yields the staging dir
+    and publishes nothing; an exception leaving it aborts the commit, whose publish then
+    raises, so a half-written part is never published."""
+    try:
+        yield commit.path
+    except BaseException as exc:
+        commit.abort(exc)
+        raise
+
+
 def begin(
     root: Root,
     step: SupportsIndex,
@@ -366,11 +386,20 @@ def begin(
     metadata: object = None,
     retain: RetentionPolicy | None = None,
     aliases: Collection[str] = (),
+    replace_aliases: bool = False,
 ) -> Commit:
     """Steps 1 and 2 of the protocol for ``step``: take a staging lock, create the staging dir."""
     step = check_step(step)
     name = root.name_of(step)
-    return begin_as(root, step, name, metadata=metadata, retain=retain, aliases=aliases)
+    return begin_as(
+        root,
+        step,
+        name,
+        metadata=metadata,
+        retain=retain,
+        aliases=aliases,
+        replace_aliases=replace_aliases,
+    )
 
 
 def begin_as(
@@ -381,6 +410,7 @@ def begin_as(
     metadata: object = None,
     retain: RetentionPolicy | None = None,
     aliases: Collection[str] = (),
+    replace_aliases: bool = False,
 ) -> Commit:
     """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
     if isinstance(aliases, str):
@@ -402,7 +432,15 @@ def begin_as(
     staging, lock = _stage.make_staging(root, name)
     try:
         return Commit(
-            root, step, name, staging, lock, metadata=meta, retain=retain, aliases=alias_list
+            root,
+            step,
+            name,
+            staging,
+            lock,
+            metadata=meta,
+            retain=retain,
+            aliases=alias_list,
+            replace_aliases=replace_aliases,
         )
     except BaseException as exc:  # e.g. EMFILE pinning the directory: leave nothing
         with contextlib.suppress(OSError):

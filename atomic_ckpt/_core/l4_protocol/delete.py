@@ -1,6 +1,7 @@
 """Durable deletes, and the pointers that must never dangle: aliases and ``checkpoint_best``.
 
-A checkpoint is deleted by moving it out of sight (``.tmp-N.del-<t>``, the
+A checkpoint is deleted by moving it out of sight (``N.tmp-del-<t>``, or
+``.tmp-<prefix>N.del-<t>`` with a prefix; the
 rename made durable under the root lock), then removing it, the marker first,
 outside the lock. The aliases naming it go before it moves; the best pointer
 moves (durably) before anything it protected is deleted. Retention plans are
@@ -22,13 +23,11 @@ from atomic_ckpt._core.l1_names.errors import (
 )
 from atomic_ckpt._core.l1_names.names import (
     BEST_LINK,
-    ROOT_LOCK,
     TAG_DELETE,
     TMP_INFIX,
-    fits,
+    check_chosen_name,
     new_token,
     parse_step,
-    tmp_name,
 )
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
@@ -59,7 +58,7 @@ def release_one(lock: _locks.Lock, *, remove: bool = False, leaving: Path | None
 def move_aside(root: Root, paths: list[Path]) -> Moved:
     """Move checkpoint directories out of sight, durably (call under the root lock).
 
-    Each gets a token lock and a ``.tmp-N.del-<t>`` name; the aliases naming it
+    Each gets a token lock and a ``N.tmp-del-<t>`` name (in the root's form); the aliases naming it
     go; the root is fsynced once. A path that is already gone is skipped.
     """
     moved: Moved = []
@@ -70,7 +69,7 @@ def move_aside(root: Root, paths: list[Path]) -> Moved:
     try:
         for path in paths:
             token, lock = _stage.new_lock(root, path.name)
-            aside = root.path / tmp_name(path.name, token, TAG_DELETE)
+            aside = root.path / root.tmp_name(path.name, token, TAG_DELETE)
             try:
                 _fs.rename(path, aside)
             except BaseException as exc:
@@ -126,23 +125,9 @@ def remove_moved(root: Root, moved: Moved) -> list[Path]:
 
 
 def check_alias(root: Root, alias: str) -> str:
-    """``alias`` if it can name a checkpoint in the root; ValueError otherwise."""
-    if (
-        not isinstance(alias, str)
-        or not alias
-        or "/" in alias
-        or os.sep in alias
-        or alias in (".", "..", BEST_LINK, ROOT_LOCK)
-        or TMP_INFIX in alias
-        or parse_step(alias, root.prefix) is not None
-        or parse_step(alias) is not None
-        or not fits(alias)
-    ):
-        raise ValueError(
-            f"alias {alias!r} must be a plain name that is not a step, a .tmp- name, "
-            f"{BEST_LINK!r} or too long"
-        )
-    return alias
+    """``alias`` if it can name a checkpoint in the root; ValueError otherwise (see
+    :func:`~atomic_ckpt._core.l1_names.names.check_chosen_name`)."""
+    return check_chosen_name("alias", alias, root.prefix, hidden=True)
 
 
 def check_aliases_free(root: Root, aliases: list[str]) -> None:
@@ -160,7 +145,9 @@ def point_aliases(root: Root, aliases: list[str], target: str) -> None:
     (under the root lock; the caller fsyncs the root)."""
     check_aliases_free(root, aliases)
     for alias in aliases:
-        _fs.symlink_replace(target, root.path / alias, root.path / tmp_name(alias, new_token()))
+        _fs.symlink_replace(
+            target, root.path / alias, root.path / root.tmp_name(alias, new_token())
+        )
 
 
 def aliases_of(root: Root, names: set[str]) -> list[Path]:
@@ -176,6 +163,32 @@ def aliases_of(root: Root, names: set[str]) -> list[Path]:
             except OSError:
                 continue
     return sorted(found)
+
+
+def drop_aliases(root: Root, name: str, *, keep: list[str]) -> None:
+    """Remove the aliases naming ``name`` that are not in ``keep``, durably (under the
+    root lock): the step's older save is about to be replaced, and they would lie."""
+    stale = [a for a in aliases_of(root, {name}) if a.name not in keep]
+    for alias in stale:
+        with contextlib.suppress(FileNotFoundError):
+            _fs.unlink(alias)
+    if stale:
+        root.sync.root(root.path)
+
+
+def remove_alias(root: Root, alias: str) -> None:
+    """Remove one alias durably; CheckpointNotFoundError if there is no such alias."""
+    check_alias(root, alias)
+    path = root.path / alias
+    with root.locked():
+        if not os.path.islink(path):
+            raise CheckpointNotFoundError(
+                f"no alias {alias!r} in {root.path}"
+                + (" (that name is not a symlink)" if os.path.lexists(path) else ""),
+                path=path,
+            )
+        _fs.unlink(path)
+        root.sync.root(root.path)
 
 
 def remove_aliases(root: Root, names: set[str]) -> None:
@@ -219,13 +232,14 @@ def set_best_locked(root: Root, ckpt: Checkpoint) -> None:
     A new symlink under a ``.tmp-`` name (which ``clean()`` removes if we crash)
     is renamed over the old one, then the root is fsynced.
     """
-    tmp = root.path / tmp_name(BEST_LINK, new_token())
+    tmp = root.path / root.tmp_name(BEST_LINK, new_token())
     _fs.symlink_replace(ckpt.path.name, root.path / BEST_LINK, tmp)
     root.sync.root(root.path)
 
 
 def set_best(root: Root, step: int) -> Checkpoint:
     """Point ``checkpoint_best`` at the complete checkpoint of ``step``, durably."""
+    require_complete(root, step)  # a missing root (or step) before its lock: not found
     with root.locked():
         ckpt = require_complete(root, step)
         set_best_locked(root, ckpt)
@@ -238,6 +252,7 @@ def delete(root: Root, step: int, *, force: bool) -> Path:
     Refuses the step ``checkpoint_best`` names unless ``force`` (the pointer then
     goes too). The latest step may be deleted.
     """
+    require_complete(root, step)  # a missing root (or step) before its lock: not found
     with root.locked():
         ckpt = require_complete(root, step)
         if best_step(root) == step:
@@ -252,6 +267,23 @@ def delete(root: Root, step: int, *, force: bool) -> Path:
         moved = move_aside(root, [ckpt.path])
     remove_moved(root, moved)
     return ckpt.path
+
+
+def delete_named(root: Root, name: str) -> Path:
+    """Delete the complete named checkpoint ``name`` durably, as :func:`delete` a step."""
+    with root.locked():
+        path = root.path / name
+        if (
+            not os.path.isdir(path)
+            or os.path.islink(path)
+            or _stage.read_marker_or_none(path) is None
+        ):
+            raise CheckpointNotFoundError(
+                f"no complete named checkpoint {name!r} in {root.path}", path=path
+            )
+        moved = move_aside(root, [path])
+    remove_moved(root, moved)
+    return path
 
 
 def require_complete(root: Root, step: int) -> Checkpoint:

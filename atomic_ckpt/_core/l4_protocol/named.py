@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, StepConflictError
-from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, ROOT_LOCK, TMP_INFIX, fits
-from atomic_ckpt._core.l1_names.names import parse_step as _parse_step
+from atomic_ckpt._core.l1_names.names import check_chosen_name
 from atomic_ckpt._core.l3_formats.manifest import Manifest
 from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
 from atomic_ckpt._core.l4_protocol import amend as _amend
@@ -36,24 +35,9 @@ class NamedCheckpoint:
 
 
 def check_name(root: Root, name: str) -> str:
-    """``name`` if it can name a checkpoint; ValueError otherwise."""
-    if (
-        not isinstance(name, str)
-        or not name
-        or "/" in name
-        or os.sep in name
-        or name in (".", "..", BEST_LINK, ROOT_LOCK, MARKER)
-        or TMP_INFIX in name
-        or name.startswith(".")
-        or _parse_step(name, root.prefix) is not None
-        or _parse_step(name) is not None
-        or not fits(name)
-    ):
-        raise ValueError(
-            f"checkpoint name {name!r} must be a plain name that is not a step name "
-            "(digits, or the prefix and digits), a .tmp- name, hidden, or too long"
-        )
-    return name
+    """``name`` if it can name a checkpoint; ValueError otherwise (see
+    :func:`~atomic_ckpt._core.l1_names.names.check_chosen_name`)."""
+    return check_chosen_name("checkpoint name", name, root.prefix, hidden=False)
 
 
 def get(root: Root, name: str) -> NamedCheckpoint:

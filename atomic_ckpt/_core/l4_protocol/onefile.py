@@ -150,6 +150,12 @@ def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False)
         raise
     try:
         yield tmp
+    except BaseException as exc:
+        # The block's own error (say, a PermissionError reading a dataset shard):
+        # propagated unchanged, never attributed to ``directory``.
+        _discard(tmp, exc)
+        raise
+    try:
         try:
             st = os.lstat(tmp)
         except FileNotFoundError:

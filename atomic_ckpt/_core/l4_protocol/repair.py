@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 def is_restorable(root: Root, path: Path) -> bool:
     """Is ``path`` the old copy of a fallback replace that crashed in its window?
 
-    That is: a complete ``.tmp-N.old-<t>`` copy, no ``N``, no live writer, and the
-    same writer's staging dir ``.tmp-N.<t>`` still there. Once the staging dir has
+    That is: a complete ``N.tmp-old-<t>`` copy (``.tmp-N.old-<t>``: the hidden form),
+    no ``N``, no live writer, and the same writer's staging dir ``N.tmp-<t>`` (in the
+    same form) still there. Once the staging dir has
     been renamed to ``N`` its old copy is garbage, even if ``N`` is later pruned:
     it must never come back. Whatever the root's prefix: the name is the library's.
     """
@@ -62,14 +63,14 @@ def is_restorable(root: Root, path: Path) -> bool:
 def restore_asides(root: Root, *, dry_run: bool = False) -> None:
     """Undo the crash window of the fallback replace (call under the root lock).
 
-    The fallback moves ``N`` aside to ``.tmp-N.old-…`` before renaming the new
+    The fallback moves ``N`` aside to ``N.tmp-old-…`` before renaming the new
     copy to ``N``; a crash between the two leaves no ``N``. A live writer is
     never in that window outside the root lock, so here every such copy is a
     crashed one: rename it back.
     """
     restored = False
-    # Runs at every commit: filter on the name before touching the disk (``.old-``:
-    # this version's form; ``.tmp-old-``: 0.1's).
+    # Runs at every commit: filter on the name before touching the disk (``.tmp-old-``:
+    # the plain form; ``.old-``: the hidden form).
     for name in sorted(n for n in os.listdir(root.path) if TMP_INFIX in n and TAG_OLD in n):
         path = root.path / name
         if is_restorable(root, path):

@@ -12,12 +12,21 @@ from pathlib import Path
 from typing import SupportsIndex
 
 from atomic_ckpt._core.l1_names.errors import (
+    CheckpointNotFoundError,
     CheckpointTimeoutError,
     InvalidRootError,
     InvalidStepError,
     wrap_os_error,
 )
-from atomic_ckpt._core.l1_names.names import ROOT_LOCK, fits, step_name
+from atomic_ckpt._core.l1_names.names import (
+    ROOT_LOCK,
+    TAG_STAGING,
+    fits,
+    hidden_tmp,
+    lock_name,
+    step_name,
+    tmp_name,
+)
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l2_syscalls.sync import SyncPolicy
@@ -63,6 +72,15 @@ class Root:
             )
         return name
 
+    def tmp_name(self, name: str, token: str, tag: str = TAG_STAGING) -> str:
+        """The staging (or aside) name of the entry ``name`` in this root's form: the
+        design's ``N.tmp-<hex>`` in a plain root, ``.tmp-<prefix>N.<hex>`` with a prefix."""
+        return tmp_name(name, token, tag, hidden=hidden_tmp(self.prefix))
+
+    def lock_name(self, name: str, token: str) -> str:
+        """The lock file beside :meth:`tmp_name` ``(name, token)``."""
+        return lock_name(name, token, hidden=hidden_tmp(self.prefix))
+
     def wrap(self, exc: OSError) -> BaseException:
         """The error to raise for ``exc`` met while writing into this root."""
         return wrap_os_error(exc, self.path)
@@ -86,9 +104,21 @@ class Root:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the root lock: promotion, repair and deletion happen under it."""
+        """Hold the root lock: promotion, repair and deletion happen under it.
+
+        A root that does not exist holds no checkpoint to change: CheckpointNotFoundError
+        (a commit creates the root first, see :meth:`ensure`).
+        """
         try:
             lock = _locks.acquire(self.path / ROOT_LOCK, self.lock_timeout)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if os.path.isdir(self.path):
+                raise self.wrap(exc) from exc
+            raise CheckpointNotFoundError(
+                f"checkpoint root {self.path} does not exist, so it holds no checkpoint "
+                "(it is created by the first commit)",
+                path=self.path,
+            ) from None
         except TimeoutError:
             raise CheckpointTimeoutError(
                 f"timed out after {self.lock_timeout}s waiting for the lock of {self.path}; "

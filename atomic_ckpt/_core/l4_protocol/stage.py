@@ -14,7 +14,7 @@ from atomic_ckpt._core.l1_names.errors import (
     ManifestError,
     StepConflictError,
 )
-from atomic_ckpt._core.l1_names.names import TAG_OLD, lock_name, new_token, parse_tmp, tmp_name
+from atomic_ckpt._core.l1_names.names import TAG_OLD, new_token, parse_tmp
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l3_formats.manifest import Manifest
@@ -36,7 +36,7 @@ def new_lock(root: Root, name: str) -> tuple[str, _locks.Lock]:
     for _ in range(_TRIES):
         token = new_token()
         try:
-            lock = _locks.create(root.path / lock_name(name, token))
+            lock = _locks.create(root.path / root.lock_name(name, token))
         except OSError as exc:
             raise root.wrap(exc) from exc
         if lock is not None:
@@ -49,10 +49,11 @@ def new_lock(root: Root, name: str) -> tuple[str, _locks.Lock]:
 
 
 def make_staging(root: Root, name: str) -> tuple[Path, _locks.Lock]:
-    """Step 1: the staging lock, then the staging dir ``name.tmp-<token>`` (its mode
-    follows the umask, like any mkdir)."""
+    """Step 1: the staging lock, then the staging dir (``name.tmp-<token>``, or
+    ``.tmp-name.<token>`` in a root with a prefix; its mode follows the umask, like any
+    mkdir)."""
     token, lock = new_lock(root, name)
-    staging = root.path / tmp_name(name, token)
+    staging = root.path / root.tmp_name(name, token)
     try:
         _fs.mkdir(staging)
     except BaseException as exc:

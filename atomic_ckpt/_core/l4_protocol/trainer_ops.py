@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
+from atomic_ckpt._core.l1_names.names import parse_step
 from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l4_protocol import amend as _amend
 from atomic_ckpt._core.l4_protocol import commit as _commit
@@ -21,14 +22,29 @@ class TrainerOps:
 
     _root: Root
 
-    def staging(self, step: SupportsIndex) -> Path | None:
-        """The staging directory of this process's open commit of ``step``, or None.
+    def staging(self, step: SupportsIndex | str) -> Path | None:
+        """The staging directory of this process's open commit of ``step`` (or of the named
+        checkpoint ``step``, a string that is not a step), or None.
 
         For a save spread over several functions: each finds where to write from
-        the step alone, without passing the commit around.
+        the step alone, without passing the commit around (or joins it:
+        ``commit(step, join=True)``).
         """
-        commit = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
+        commit = _commit.open_commit(self._root, self._target(step)[1])
         return None if commit is None else commit.path
+
+    def _target(self, step: SupportsIndex | str) -> tuple[int | None, str]:
+        """(step, directory name) of a step, a step's name (``"5"``, ``"checkpoint-5"``),
+        or a checkpoint name (step None; the name checked)."""
+        if isinstance(step, str):
+            number = parse_step(step, self._root.prefix)
+            if number is None:
+                number = parse_step(step) if not self._root.prefix else None
+            if number is None:
+                return None, _named.check_name(self._root, step)
+            step = number
+        number = check_step(step)
+        return number, self._root.name_of(number)
 
     @contextlib.contextmanager
     def amend(
@@ -53,6 +69,25 @@ class TrainerOps:
 
     # ------------------------------------------------------------------ named checkpoints
 
+    def begin_named(
+        self,
+        name: str,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        aliases: Collection[str] = (),
+        replace_aliases: bool = False,
+    ) -> _commit.Commit:
+        """:meth:`begin` for a named checkpoint: the handle's ``finish()`` (or leaving it as
+        a context manager) commits ``root/<name>/``; ``abort()`` gives it up."""
+        return _commit.begin_as(
+            self._root,
+            None,
+            _named.check_name(self._root, name),
+            metadata=metadata,
+            aliases=aliases,
+            replace_aliases=replace_aliases,
+        )
+
     @contextlib.contextmanager
     def commit_named(
         self,
@@ -60,15 +95,20 @@ class TrainerOps:
         *,
         metadata: Mapping[str, Any] | None = None,
         aliases: Collection[str] = (),
+        replace_aliases: bool = False,
+        join: bool = False,
     ) -> Iterator[Path]:
         """Commit a named checkpoint (``root/<name>/``, e.g. ``interrupted``) with the same
-        protocol as a step. ``latest()`` and ``steps()`` never count it."""
-        handle = _commit.begin_as(
-            self._root,
-            None,
-            _named.check_name(self._root, name),
-            metadata=metadata,
-            aliases=aliases,
+        protocol as a step. ``latest()`` and ``steps()`` never count it. ``aliases``,
+        ``replace_aliases`` and ``join`` as for :meth:`~atomic_ckpt.CheckpointDir.commit`."""
+        if join:
+            outer = _commit.open_commit(self._root, _named.check_name(self._root, name))
+            if outer is not None:
+                with _commit.joined(outer) as path:
+                    yield path
+                return
+        handle = self.begin_named(
+            name, metadata=metadata, aliases=aliases, replace_aliases=replace_aliases
         )
         try:
             yield handle.path

@@ -14,19 +14,21 @@ import os
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, SupportsIndex
+from typing import Any, Literal, NamedTuple, SupportsIndex
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     InvalidRootError,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, NAME_MAX, TMP_INFIX, is_marker_name
+from atomic_ckpt._core.l1_names.names import MARKER, check_prefix, is_marker_name
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
 from atomic_ckpt._core.l3_formats import read as _read
 from atomic_ckpt._core.l3_formats import verify as _verify
+from atomic_ckpt._core.l3_formats.contents import FileCheck, check_contents
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
 from atomic_ckpt._core.l3_formats.tree import DEFAULT_WORKERS, list_tree, sync_files, sync_tree
@@ -40,6 +42,14 @@ from atomic_ckpt._core.l4_protocol.root import Root, check_step, resolve
 from atomic_ckpt._core.l4_protocol.trainer_ops import TrainerOps
 
 log = logging.getLogger(__name__)
+
+
+class VerifiedCheckpoint(NamedTuple):
+    """A checkpoint that verified, and the bytes of the files asked for, as read to verify it."""
+
+    checkpoint: Checkpoint
+    files: Mapping[str, memoryview]
+
 
 PathLike = str | os.PathLike[str]
 
@@ -72,10 +82,7 @@ class CheckpointDir(TrainerOps):
         workers: int | None = None,
         sync: SyncPolicy | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix or TMP_INFIX in prefix:
-            raise ValueError(f"prefix {prefix!r} must be a plain name fragment")
-        if len(prefix) > NAME_MAX // 2:
-            raise ValueError(f"prefix {prefix[:20]!r}... is too long for a directory name")
+        check_prefix(prefix)
         if checksum is not None and checksum not in CHECKSUMS:
             raise ValueError(f"unknown checksum {checksum!r}; choose one of {sorted(CHECKSUMS)}")
         if workers is not None and (
@@ -161,39 +168,110 @@ class CheckpointDir(TrainerOps):
         files match its manifest: a newer one that does not is skipped with a
         warning naming it and why.
         """
-        for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
-            if not verify:
-                return ckpt
-            try:
-                return self.verify(ckpt.step)
-            except (VerificationError, CheckpointNotFoundError) as exc:
-                log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
-        return None
+        found = self._newest(verify=verify, read=(), rejected=[])
+        return None if found is None else found.checkpoint
 
     def resume_point(self, *, verify: bool = False, fresh: bool = False) -> Checkpoint | None:
         """The checkpoint a restarted job resumes from: :meth:`latest` (``verify`` as
         there), or None for a fresh start.
 
-        A fresh start is refused with :class:`~atomic_ckpt.UnmarkedCheckpointsError`
-        when the root holds step directories without a marker (written before
-        atomic_ckpt) and no complete checkpoint: adopt them with ``atomic-ckpt
-        mark-complete``, or pass ``fresh=True`` to start over deliberately.
+        A fresh start is refused where the root holds step directories but none to
+        resume from, since the job would train from step 0 and commit over them:
+        :class:`~atomic_ckpt.UnmarkedCheckpointsError` when they have no marker
+        (written before atomic_ckpt: adopt them with ``atomic-ckpt mark-complete``),
+        :class:`~atomic_ckpt.UnusableCheckpointsError` (its parent) when some are
+        unusable otherwise: a marker this version cannot read (a newer format
+        version, a non-empty legacy marker, a step moved by hand), or, with
+        ``verify=True``, files that do not verify. Each error's message lists what is
+        there, why it cannot be used and the remedies, in words an application can pass
+        on to its user; ``paths`` and ``problems`` carry the same for an application
+        that words its own (and names its own switch for ``fresh=True``, which starts
+        over deliberately).
         """
-        found = self.latest(verify=verify)
+        found = self._resume(verify=verify, fresh=fresh, read=())
+        return None if found is None else found.checkpoint
+
+    def resume_verified(
+        self, read: Collection[str], *, fresh: bool = False
+    ) -> VerifiedCheckpoint | None:
+        """:meth:`resume_point` with ``verify=True``, and the bytes of the files named in
+        ``read`` (paths relative to the checkpoint) as they were mapped to verify it.
+
+        A loader that deserializes from those views instead of opening the files again
+        fetches each byte of the checkpoint from storage once
+        (``atomic_ckpt.torch.resume(verify=True)`` works this way; ``benchmarks/resume.py``
+        measures what it costs). A file of ``read`` that the checkpoint does not hold is
+        simply absent from ``files``. A newest checkpoint that does not verify is skipped
+        with a warning, as in :meth:`latest`; the same refusals as :meth:`resume_point`.
+        """
+        return self._resume(verify=True, fresh=fresh, read=frozenset(read))
+
+    def _newest(
+        self, *, verify: bool, read: Collection[str], rejected: list[tuple[Path, str]]
+    ) -> VerifiedCheckpoint | None:
+        """The newest checkpoint (that verifies, with ``verify``), with the kept views of
+        ``read``; each one passed over for not verifying is added to ``rejected``."""
+        for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
+            if not verify:
+                return VerifiedCheckpoint(ckpt, {})
+            try:
+                checked = self.get(ckpt.step)  # its marker read whole, as verify() does
+                files = _verify.verify(checked, workers=self.workers, keep=read)
+            except (VerificationError, CheckpointNotFoundError) as exc:
+                log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
+                problems = getattr(exc, "problems", ())
+                why = "; ".join(problems) if problems else str(exc)
+                rejected.append((ckpt.path, f"it does not verify: {why}"))
+                continue
+            return VerifiedCheckpoint(checked, files)
+        return None
+
+    def _resume(
+        self, *, verify: bool, fresh: bool, read: Collection[str]
+    ) -> VerifiedCheckpoint | None:
+        rejected: list[tuple[Path, str]] = []
+        found = self._newest(verify=verify, read=read, rejected=rejected)
         if found is not None or fresh:
             return found
-        unmarked = tuple(e.path for e in self.entries() if e.status == "unmarked")
-        if unmarked:
-            shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
-            raise UnmarkedCheckpointsError(
-                f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
-                f"marker ({shown}) and no complete checkpoint. If they were written "
-                f"completely, adopt them: `atomic-ckpt mark-complete {unmarked[-1]}` (each "
-                "one); to start from scratch anyway, pass fresh=True (--fresh)",
-                path=self.root,
-                paths=unmarked,
-            )
-        return None
+        reasons = dict(rejected)  # passed over by the verify
+        listed: list[tuple[Path, str]] = []
+        unmarked: list[Path] = []
+        for e in self.entries():  # by step
+            if e.path in reasons:
+                listed.append((e.path, reasons.pop(e.path)))
+            elif e.status == "invalid":
+                listed.append((e.path, e.problem or "its marker cannot be read"))
+            elif e.status == "unmarked":
+                how = f"`atomic-ckpt mark-complete {e.path}`"
+                listed.append((e.path, f"no {MARKER} marker (if complete, adopt it: {how})"))
+                unmarked.append(e.path)
+        listed += reasons.items()  # (gone since: still, none of them could be used)
+        if len(unmarked) == len(listed):
+            if unmarked:
+                raise self._unmarked_error(tuple(unmarked))
+            return None
+        problems = tuple(f"{p}: {reason}" for p, reason in listed)
+        raise UnusableCheckpointsError(
+            f"{self.root} holds {len(listed)} step directories but none to resume from; "
+            "starting from scratch would train over them and replace them:\n  "
+            + "\n  ".join(problems)
+            + "\nRepair them (a newer atomic_ckpt reads newer markers) or move them away; "
+            "or start the run from scratch deliberately, which trains over them",
+            path=self.root,
+            paths=tuple(p for p, _ in listed),
+            problems=problems,
+        )
+
+    def _unmarked_error(self, unmarked: tuple[Path, ...]) -> UnmarkedCheckpointsError:
+        shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
+        return UnmarkedCheckpointsError(
+            f"{self.root} holds {len(unmarked)} step directories without a {MARKER} "
+            f"marker ({shown}) and no complete checkpoint. If they were written "
+            f"completely, adopt them (each one): `atomic-ckpt mark-complete {unmarked[-1]}`; "
+            "or start the run from scratch deliberately, which trains over them",
+            path=self.root,
+            paths=unmarked,
+        )
 
     def get(self, step: SupportsIndex) -> Checkpoint:
         """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete.
@@ -311,6 +389,7 @@ class CheckpointDir(TrainerOps):
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
         aliases: Collection[str] = (),
+        replace_aliases: bool = False,
     ) -> Commit:
         """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
 
@@ -318,7 +397,14 @@ class CheckpointDir(TrainerOps):
         ``commit.abort()``); or use the handle as a context manager. For code that
         cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
         """
-        return _commit.begin(self._root, step, metadata=metadata, retain=retain, aliases=aliases)
+        return _commit.begin(
+            self._root,
+            step,
+            metadata=metadata,
+            retain=retain,
+            aliases=aliases,
+            replace_aliases=replace_aliases,
+        )
 
     @contextlib.contextmanager
     def commit(
@@ -328,6 +414,8 @@ class CheckpointDir(TrainerOps):
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
         aliases: Collection[str] = (),
+        replace_aliases: bool = False,
+        join: bool = False,
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
 
@@ -338,19 +426,51 @@ class CheckpointDir(TrainerOps):
         ``metadata`` (a JSON object) is stored in the manifest. ``retain`` is
         applied once the new checkpoint is durable. ``aliases`` are symlinks in the
         root (``epoch3_step1200 -> 1200``) pointed at the checkpoint with its
-        promotion; deleting the step removes them.
+        promotion; deleting the step removes them. ``replace_aliases=True`` makes them
+        the step's only aliases: those naming the step's older save are removed
+        (durably, just before the promotion), so no label outlives the save it named.
+
+        ``join=True``: if this process already has an open commit of ``step`` (an outer
+        ``commit``/``begin`` further up the stack, or in another thread), yield its
+        staging directory and publish nothing here: the outermost commit publishes.
+        An exception leaving a joined block aborts that outer commit too (its
+        ``publish`` then raises :class:`~atomic_ckpt.CommitStateError`), so a
+        half-written part is never published. With no open commit, ``join`` commits
+        as usual. (:meth:`staging` answers the same question without committing.)
         """
-        with self.begin(step, metadata=metadata, retain=retain, aliases=aliases) as handle:
+        if join:
+            outer = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
+            if outer is not None:
+                with _commit.joined(outer) as path:
+                    yield path
+                return
+        with self.begin(
+            step,
+            metadata=metadata,
+            retain=retain,
+            aliases=aliases,
+            replace_aliases=replace_aliases,
+        ) as handle:
             yield handle.path
 
-    def mark_complete(self, step: SupportsIndex) -> Checkpoint:
+    def mark_complete(self, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
         """Adopt an existing directory written without this library.
 
-        Fsyncs its files, writes a manifest marker (replacing a legacy empty
-        one), and fsyncs the directory. A directory that already has a
-        manifest is returned unchanged.
+        Checks what can be checked without the writer first (see :meth:`check_contents`)
+        and refuses a directory whose files fail, with a
+        :class:`~atomic_ckpt.VerificationError` naming each (``check=False`` adopts it
+        anyway). Then fsyncs its files, writes a manifest marker (replacing a legacy
+        empty one), and fsyncs the directory. A directory that already has a manifest
+        is returned unchanged.
         """
-        return _adopt.adopt(self._root, step)
+        return _adopt.adopt(self._root, step, check=check)
+
+    def check_contents(self, step: SupportsIndex) -> list[FileCheck]:
+        """What can be checked of step ``step``'s files without their writer: safetensors
+        headers against the file's length, torch zip archives' central directories, JSON
+        that parses. One :class:`~atomic_ckpt.FileCheck` per regular file; ``format`` None
+        for a file of a format not known here (not checked). Read-only."""
+        return check_contents(self.path_of(step))
 
     def clean(self, *, dry_run: bool = False, force: bool = False) -> list[Path]:
         """Remove what crashed or killed saves left behind; return what was (or would be) removed.
@@ -360,7 +480,7 @@ class CheckpointDir(TrainerOps):
         writer is alive (it holds the lock) is never touched. An old copy moved
         aside by the fallback replace whose step is now missing is renamed back
         instead (logged, not returned). ``force`` also removes entries of the
-        library's form (``.tmp-<name>.<32 hex>``, or 0.1.0's ``<name>.tmp-<32 hex>``)
+        library's forms (``<name>.tmp-<32 hex>``, or the hidden ``.tmp-<name>.<32 hex>``)
         that carry no evidence that it made them, such as a staging dir whose lock
         file a power loss dropped; use it only where no other tool names files
         that way.
@@ -371,7 +491,7 @@ class CheckpointDir(TrainerOps):
         """Delete all but the ``keep_last`` newest complete checkpoints; return their paths.
 
         ``retain(RetentionPolicy(keep_last=keep_last))``: each is first renamed
-        out of sight (``.tmp-N.del-…``) and the rename made durable, so an
+        out of sight (``N.tmp-del-…``) and the rename made durable, so an
         interrupted deletion never leaves a complete-looking directory. The
         latest checkpoint, and the one ``checkpoint_best`` names, are never deleted.
         """
@@ -415,12 +535,29 @@ class CheckpointDir(TrainerOps):
         durably (CheckpointNotFoundError if it is not complete)."""
         return _delete.set_best(self._root, check_step(step))
 
-    def delete(self, step: SupportsIndex, *, force: bool = False) -> Path:
-        """Delete the complete checkpoint of ``step`` durably; return its path.
+    def delete(self, step: SupportsIndex | str, *, force: bool = False) -> Path:
+        """Delete the complete checkpoint of ``step`` (or the named checkpoint ``step``,
+        a string that is not a step) durably; return its path.
 
         It disappears at once (renamed out of sight, the rename made durable), then
         its files are removed, the marker first; its aliases go too. The step
         ``checkpoint_best`` names is refused (StepConflictError) unless ``force``,
         which removes the pointer as well. The latest step may be deleted.
         """
-        return _delete.delete(self._root, check_step(step), force=force)
+        number, name = self._target(step)
+        if number is None:
+            return _delete.delete_named(self._root, name)
+        return _delete.delete(self._root, number, force=force)
+
+    def aliases(self, step: SupportsIndex | str) -> list[str]:
+        """The aliases (symlinks in the root) naming ``step``'s checkpoint (or the named
+        checkpoint ``step``), sorted. Read-only."""
+        _, name = self._target(step)
+        if not self.root.is_dir():
+            return []
+        return [p.name for p in _delete.aliases_of(self._root, {name})]
+
+    def remove_alias(self, alias: str) -> None:
+        """Remove the alias ``alias``, durably (CheckpointNotFoundError if there is none);
+        the checkpoint it named is left alone."""
+        _delete.remove_alias(self._root, alias)

@@ -30,6 +30,7 @@ from atomic_ckpt import (  # noqa: E402
     TMP_INFIX,
     CheckpointDir,
     UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
 )
 from atomic_ckpt.integrations import transformers as integration  # noqa: E402
 from atomic_ckpt.integrations.transformers import (  # noqa: E402
@@ -187,6 +188,20 @@ def test_last_checkpoint_and_resume_true_on_roots_without_a_complete_checkpoint(
         last_checkpoint(out)
 
 
+def test_last_checkpoint_refuses_a_root_of_checkpoints_it_cannot_read(tmp_path: Path) -> None:
+    """checkpoint-N whose marker is of a newer format version, nothing else: the resume is
+    refused (UnusableCheckpointsError saying why), not a fresh start over it."""
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    (out / "checkpoint-3" / "checkpoint_complete").write_text(
+        '{"format": "atomic_ckpt", "version": 3}'
+    )
+    with pytest.raises(UnusableCheckpointsError, match="version 3"):
+        last_checkpoint(out)
+    with pytest.raises(UnusableCheckpointsError, match="version 3"):
+        make_trainer(out, max_steps=1).train(resume_from_checkpoint=True)
+
+
 def test_clean_on_resume_removes_a_killed_save_but_never_a_live_one(tmp_path: Path) -> None:
     """last_checkpoint(clean=True) removes an orphaned staging dir (its writer is gone)
     and leaves a live one alone."""
@@ -224,8 +239,9 @@ def test_the_version_and_the_private_methods_are_checked_at_import() -> None:
 def test_the_root_lock_is_gone_once_a_commit_returns_and_old_names_are_still_cleaned(
     tmp_path: Path,
 ) -> None:
-    """A root at rest holds its checkpoints only; entries in 0.1's names
-    (``<name>.tmp-<hex>``, its lock) that a killed save left are still removed by clean()."""
+    """A root at rest holds its checkpoints only; entries of the plain form (0.1's, and what
+    plain roots write: ``<name>.tmp-<hex>``, its lock) that a killed save left in this
+    prefixed root are still removed by clean()."""
     ckpts = CheckpointDir(tmp_path / "out", prefix="checkpoint_")
     commit_steps(ckpts, 1)
     assert os.listdir(ckpts.root) == ["checkpoint_1"]

@@ -1,0 +1,370 @@
+"""The audit: record a workload once, refuse if the recording cannot rebuild what it left,
+then check every distinct crash state of each model at the audited path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atomic_ckpt.testing._results import AUDIT_MODELS
+from atomic_ckpt.testing._states import _Candidate, _CrashModel, _Flat
+from atomic_ckpt.testing.audit._checks import (
+    Check,
+    Outcome,
+    Running,
+    namespaces_available,
+    start,
+    tail,
+)
+from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
+from atomic_ckpt.testing.audit._materialize import Materializer, remove, set_aside
+from atomic_ckpt.testing.audit._report import AuditReport, Violation
+from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
+from atomic_ckpt.testing.audit._trace import TraceRecorder
+
+_CONTEXT = 4
+
+
+@dataclass
+class _State:
+    flat: _Flat
+    by_model: dict[str, _Candidate] = field(default_factory=dict)
+
+
+def audit(
+    workload: str | Sequence[str],
+    check: Check,
+    *,
+    root: str | os.PathLike[str],
+    models: Sequence[str] = AUDIT_MODELS,
+    max_states: int | None = None,
+    seed: int = 0,
+    jobs: int = 1,
+    timeout: float | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    progress: bool | None = None,
+) -> AuditReport:
+    """Audit the crash consistency of ``workload``'s checkpoints under ``root``.
+
+    Runs ``workload`` (an argv, or a shell command line) once under ``strace``, recording
+    every filesystem operation any of its processes make under ``root``; rebuilds the
+    tree as a crash would leave it at every operation boundary under each of ``models``
+    (``kill``, ``power``); shows each distinct state at ``root`` itself (the original is
+    set aside and put back afterwards, also on Ctrl-C or SIGTERM) and runs ``check`` on
+    it: a shell command line or argv that exits non-zero to reject the state, or a
+    function of the root path that raises (or returns False), run in a forked child of
+    this process so that its imports are paid once. Returns the :class:`AuditReport`.
+
+    ``max_states`` samples that many distinct states (seeded by ``seed``) when there are
+    more; ``jobs`` runs that many checks at once, each in a private mount namespace (as
+    root; otherwise serially, with a note); ``timeout`` bounds each check (seconds).
+
+    Raises :class:`AuditError` when nothing can be judged: strace missing
+    (:class:`StraceNotFound`), the recorded run failing (:class:`WorkloadFailed`), or a
+    recording that does not rebuild the tree the workload left (:class:`CannotRebuild`).
+    """
+    strace_path()
+    unknown = [m for m in models if m not in AUDIT_MODELS]
+    if unknown or not models:
+        raise ValueError(f"models must be a non-empty subset of {AUDIT_MODELS}, not {models}")
+    if jobs < 1 or (max_states is not None and max_states < 1):
+        raise ValueError("jobs and max_states must be at least 1")
+    models = tuple(m for m in AUDIT_MODELS if m in models)
+    path = Path(os.path.abspath(root))
+    if not path.parent.is_dir():
+        raise AuditError(f"the parent of the audited directory, {path.parent}, does not exist")
+    argv = ["/bin/sh", "-c", workload] if isinstance(workload, str) else list(workload)
+    workdir = None if cwd is None else os.fspath(cwd)
+    show = sys.stderr.isatty() if progress is None else progress
+    scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.audit-", dir=path.parent))
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+    try:
+        with set_aside(path) as original:
+            if original is not None:
+                if not original.is_dir() or original.is_symlink():
+                    raise AuditError(f"{path} is not a directory")
+                shutil.copytree(original, path, symlinks=True)
+            began = time.monotonic()
+            recorder = TraceRecorder(path)
+            if workdir is not None:
+                recorder._start_cwd = os.path.abspath(workdir)
+            log = scratch / "workload.log"
+            status = record_command(argv, scratch / "trace", cwd=workdir, env=env, output=log)
+            if status != 0:
+                raise WorkloadFailed(status, tail(log))
+            recorder.feed(read_calls(scratch / "trace"))
+            refused = recorder.fill_mapped(path)
+            (scratch / "trace").unlink()
+            timings["record"] = time.monotonic() - began
+            began = time.monotonic()
+            model = _CrashModel(recorder.ops, recorder.inodes)
+            final = model._build(range(len(model.ops)), {})
+            mismatches = refused + _compare(final, path, recorder.unseen)
+            if mismatches:
+                raise CannotRebuild(os.fspath(root), mismatches)
+            states, distinct = _plan(model, models)
+            chosen = list(range(len(states)))
+            sampled = None
+            if max_states is not None and len(states) > max_states:
+                chosen = sorted(random.Random(seed).sample(chosen, max_states))
+                sampled = (
+                    f"{max_states} of {len(states)} distinct states checked, chosen at random "
+                    f"with seed {seed} (max_states); the rest were not checked"
+                )
+            timings["build"] = time.monotonic() - began
+            began = time.monotonic()
+            if jobs > 1 and not namespaces_available():
+                notes.append(
+                    f"jobs={jobs} needs root and unshare (private mount namespaces); "
+                    "the checks ran one at a time"
+                )
+                jobs = 1
+            outcomes = _run_checks(
+                states,
+                chosen,
+                check,
+                root=path,
+                scratch=scratch,
+                jobs=jobs,
+                timeout=timeout,
+                cwd=workdir,
+                env=env,
+                show=show,
+            )
+            timings["checks"] = time.monotonic() - began
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    violations = [
+        _violation(model, states[i], m, outcomes[i])
+        for m in models
+        for i in chosen
+        if outcomes[i].status != 0 and m in states[i].by_model
+    ]
+    violations.sort(key=lambda v: (models.index(v.model), v.crash_point))
+    checked = {m: sum(1 for i in chosen if m in states[i].by_model) for m in models}
+    return AuditReport(
+        root=os.fspath(root),
+        models=models,
+        operations=len(model.ops),
+        calls=recorder.calls,
+        boundaries=dict.fromkeys(models, len(model.ops) + 1),
+        states=checked,
+        distinct=distinct,
+        checked=len(chosen),
+        violations=tuple(violations),
+        timings=timings,
+        sampled=sampled,
+        notes=tuple(notes),
+    )
+
+
+def _scan(root: Path) -> dict[str, tuple[str, bytes]]:
+    out: dict[str, tuple[str, bytes]] = {}
+
+    def walk(directory: Path, rel: str) -> None:
+        for name in sorted(os.listdir(directory)):
+            full = directory / name
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel + name] = ("symlink", os.fsencode(os.readlink(full)))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel + name] = ("dir", b"")
+                walk(full, f"{rel}{name}/")
+            elif stat.S_ISREG(st.st_mode):
+                out[rel + name] = ("file", full.read_bytes())
+            else:
+                out[rel + name] = ("other", b"")
+
+    if root.is_dir():
+        walk(root, "")
+    return out
+
+
+def _compare(final: _Flat, root: Path, unseen: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Where the replayed recording and the tree the workload left disagree."""
+    replay = {p: (k, b) for p, k, b in final}
+    disk = _scan(root)
+    out: list[tuple[str, str]] = []
+    for p in sorted(set(replay) | set(disk)):
+        why = f" ({unseen[p]})" if p in unseen else ""
+        r, d = replay.get(p), disk.get(p)
+        if r is None:
+            out.append((p, f"on disk after the run, but the recording never made it{why}"))
+        elif d is None:
+            out.append((p, f"the recording made it, but the run did not leave it{why}"))
+        elif r[0] != d[0]:
+            out.append((p, f"a {d[0]} on disk, a {r[0]} in the replay{why}"))
+        elif r[1] != d[1]:
+            out.append(
+                (p, f"contents differ: {len(d[1])} bytes on disk, {len(r[1])} replayed{why}")
+            )
+    return out
+
+
+def _plan(model: _CrashModel, models: Sequence[str]) -> tuple[list[_State], dict[str, int]]:
+    """Every distinct crash state of ``models``, in crash-point order, each once."""
+    digests: dict[int, tuple[bytes, bytes]] = {}
+
+    def digest(flat: _Flat) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for p, kind, payload in flat:
+            known = digests.get(id(payload))
+            if known is None or known[0] is not payload:
+                known = digests[id(payload)] = (payload, hashlib.blake2b(payload).digest())
+            h.update(f"{len(p)}:{p}:{kind}:".encode("utf-8", "surrogateescape") + known[1])
+        return h.digest()
+
+    index: dict[bytes, int] = {}
+    states: list[_State] = []
+    per_model: dict[str, set[int]] = {m: set() for m in models}
+    for c in model.candidates(models):
+        flat = model._build(c.persisted, c.fates)
+        key = digest(flat)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(states)
+            states.append(_State(flat))
+        states[i].by_model.setdefault(c.model, c)
+        per_model[c.model].add(i)
+    return states, {m: len(s) for m, s in per_model.items()}
+
+
+def _run_checks(
+    states: Sequence[_State],
+    chosen: Sequence[int],
+    check: Check,
+    *,
+    root: Path,
+    scratch: Path,
+    jobs: int,
+    timeout: float | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    show: bool,
+) -> dict[int, Outcome]:
+    if jobs == 1:
+        shows = [Materializer(root)]
+    else:
+        remove(root)
+        root.mkdir()  # the mount point each private namespace binds its state over
+        shows = [Materializer(scratch / f"state{j}") for j in range(jobs)]
+    free = list(range(jobs))
+    running: dict[int, tuple[Running, int]] = {}
+    outcomes: dict[int, Outcome] = {}
+    failing = 0
+
+    def reap() -> None:
+        nonlocal failing
+        for slot, (r, i) in list(running.items()):
+            outcome = r.poll()
+            if outcome is not None:
+                outcomes[i] = outcome
+                failing += outcome.status != 0
+                del running[slot]
+                free.append(slot)
+                if show:
+                    print(
+                        f"\ratomic-ckpt audit: checked {len(outcomes)}/{len(chosen)} states, "
+                        f"{failing} failing",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+    try:
+        for i in chosen:
+            while not free:
+                reap()
+                if not free:
+                    time.sleep(0.002)
+            slot = free.pop()
+            shows[slot].show(states[i].flat)
+            running[slot] = (
+                start(
+                    check,
+                    shown_at=shows[slot].target,
+                    root=root,
+                    output=scratch / f"check{slot}.log",
+                    cwd=cwd,
+                    env=env,
+                    timeout=timeout,
+                ),
+                i,
+            )
+            if jobs == 1:  # the next state replaces this one at the same path
+                while running:
+                    reap()
+                    if running:
+                        time.sleep(0.001)
+        while running:
+            reap()
+            if running:
+                time.sleep(0.002)
+    finally:
+        for r, _ in running.values():
+            r.kill()
+        if show:
+            print(file=sys.stderr)
+    return outcomes
+
+
+def _listing(flat: _Flat) -> tuple[str, ...]:
+    out = []
+    for p, kind, payload in flat:
+        if kind == "dir":
+            out.append(p + "/")
+        elif kind == "symlink":
+            out.append(f"{p} -> {os.fsdecode(payload)}")
+        else:
+            zero = ", all zero" if payload and not any(payload) else ""
+            out.append(f"{p} ({len(payload)} bytes{zero})")
+    return tuple(out)
+
+
+def _damage(model: _CrashModel, flat: _Flat, k: int) -> tuple[str, ...]:
+    """How the state's files differ from the live tree at the moment of the crash."""
+    live = {p: b for p, kind, b in model._build(range(k), {}) if kind == "file"}
+    here = {p: b for p, kind, b in flat if kind == "file"}
+    out = []
+    for p in sorted(set(live) | set(here)):
+        now, then = here.get(p), live.get(p)
+        if now is None:
+            assert then is not None
+            out.append(f"{p}: missing ({len(then)} bytes at the crash)")
+        elif then is None or now == then:
+            continue
+        elif now and not any(now):
+            out.append(f"{p}: zero-filled ({len(now)} bytes)")
+        elif len(now) < len(then):
+            out.append(f"{p}: short, {len(now)} of {len(then)} bytes")
+        else:
+            out.append(f"{p}: older contents ({len(now)} bytes; {len(then)} at the crash)")
+    return tuple(out)
+
+
+def _violation(model: _CrashModel, state: _State, m: str, outcome: Outcome) -> Violation:
+    c = state.by_model[m]
+    k = c.crash_point
+    ops = model.ops
+    return Violation(
+        model=m,
+        crash_point=k,
+        operation=ops[k - 1].description if k else "(before the first operation)",
+        context=tuple(f"#{i + 1} {ops[i].description}" for i in range(max(0, k - _CONTEXT), k)),
+        survived=c.note,
+        listing=_listing(state.flat),
+        damaged=_damage(model, state.flat, k),
+        status=outcome.status,
+        output=outcome.output,
+    )

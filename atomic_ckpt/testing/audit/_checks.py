@@ -1,0 +1,198 @@
+"""Run the check on each crash state: a command (serial at the audited path, or in
+parallel, each in a private mount namespace where the state is bind-mounted over that
+path), or a Python function in a forked child of a process that imported it once."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+Check = str | Sequence[str] | Callable[[Path], object]
+"""A shell command line, an argv, or a function of the audited path that raises (or
+returns False) to reject the state."""
+
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a check of one state ended."""
+
+    status: int
+    """Its exit status (non-zero: a violation); a signal N gives 128+N, a timeout 124."""
+    output: str
+    """The last lines of its stdout and stderr."""
+
+
+def namespaces_available() -> bool:
+    """Whether checks can run in private mount namespaces (root, ``unshare`` works)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "true"], capture_output=True, check=False
+    )
+    return probe.returncode == 0
+
+
+def tail(path: Path) -> str:
+    """The last lines of a check's output file."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-_TAIL_LINES:])
+
+
+class Running:
+    """A check in flight."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes] | None,
+        pid: int | None,
+        output: Path,
+        deadline: float | None,
+    ) -> None:
+        self.popen = popen
+        self.pid = pid
+        self.output = output
+        self.deadline = deadline
+        self._status: int | None = None
+
+    def poll(self) -> Outcome | None:
+        """The outcome once it has ended (a timed-out check is killed: status 124)."""
+        if self._status is None:
+            self._status = self._poll_status()
+        if self._status is None and self.deadline is not None and time.monotonic() > self.deadline:
+            self.kill()
+            self._status = 124
+            with open(self.output, "a") as f:
+                f.write("\n[atomic-ckpt audit: the check timed out and was killed]\n")
+        return None if self._status is None else Outcome(self._status, tail(self.output))
+
+    def _poll_status(self) -> int | None:
+        if self.popen is not None:
+            code = self.popen.poll()
+            return None if code is None else (128 - code if code < 0 else code)
+        assert self.pid is not None
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            return None
+        return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+    def kill(self) -> None:
+        """Kill it and its children (it runs in a session of its own)."""
+        pid = self.popen.pid if self.popen is not None else self.pid
+        assert pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, 9)
+        if self.popen is not None:
+            self.popen.wait()
+        else:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def start(
+    check: Check,
+    *,
+    shown_at: Path,
+    root: Path,
+    output: Path,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    timeout: float | None,
+) -> Running:
+    """Start ``check`` on the state shown at ``shown_at``, which it must see at ``root``
+    (the same path when serial; a private mount namespace binds it there otherwise)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if callable(check):
+        return Running(None, _fork(check, shown_at, root, output, cwd), output, deadline)
+    argv = ["/bin/sh", "-c", check] if isinstance(check, str) else list(check)
+    if shown_at != root:
+        argv = [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            'mount --bind "$0" "$1" && shift && exec "$@"',
+            str(shown_at),
+            str(root),
+            *argv,
+        ]
+    with open(output, "wb") as out:
+        popen = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Running(popen, None, output, deadline)
+
+
+def _fork(
+    check: Callable[[Path], object], shown_at: Path, root: Path, output: Path, cwd: str | None
+) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the child: never returns into the audit
+        os.setsid()
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        if shown_at != root:
+            _bind_privately(shown_at, root)
+        if cwd is not None:
+            os.chdir(cwd)
+        result = check(root)
+        code = 1 if result is False else 0
+        if result is False:
+            print(f"check {getattr(check, '__name__', check)!r} returned False", file=sys.stderr)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _bind_privately(source: Path, target: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making / private failed")
+    if libc.mount(os.fsencode(source), os.fsencode(target), None, _MS_BIND, None) != 0:
+        raise OSError(ctypes.get_errno(), f"bind-mounting {source} over {target} failed")

@@ -1,0 +1,252 @@
+"""Run a command under ``strace`` and read its trace back as completed system calls.
+
+The trace is one file for every process and thread (``-f``), with file descriptors
+decorated with their paths (``-yy``), flags as raw numbers (``-X raw``), no strings
+(``-s 0``) but a hex dump of every byte written (``-e write=all``). A call split by
+another thread's (``<unfinished ...>`` / ``<... resumed>``) is yielded when it
+completes: the order in which calls took effect.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atomic_ckpt.testing.audit._errors import AuditError
+
+AT_FDCWD = -100
+
+# Every call that can change a tree, move a file offset, share a descriptor table or
+# map a file; nothing else is traced (seccomp-bpf lets the rest run at full speed).
+TRACED = (
+    "open,openat,openat2,creat,close,close_range,dup,dup2,dup3,fcntl,"
+    "read,readv,write,writev,pwrite64,pwritev,pwritev2,lseek,"
+    "truncate,ftruncate,fallocate,sendfile,copy_file_range,splice,"
+    "mkdir,mkdirat,rmdir,unlink,unlinkat,rename,renameat,renameat2,"
+    "link,linkat,symlink,symlinkat,chdir,fchdir,"
+    "fsync,fdatasync,sync,syncfs,sync_file_range,mmap,msync,"
+    "clone,clone3,fork,vfork"
+)
+
+INSTALL_HINT = (
+    "strace is needed to record the workload's file operations and was not found on PATH; "
+    "install it (Debian/Ubuntu: `apt-get install strace`, Fedora: `dnf install strace`) "
+    "and run the audit again"
+)
+
+
+class StraceNotFound(AuditError, FileNotFoundError):
+    """``strace`` is not installed."""
+
+
+def strace_path() -> str:
+    """The ``strace`` executable, or :class:`StraceNotFound` saying how to install it."""
+    found = shutil.which("strace")
+    if found is None:
+        raise StraceNotFound(INSTALL_HINT)
+    return found
+
+
+def record_command(
+    argv: Sequence[str],
+    trace: Path,
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    output: Path | None = None,
+) -> int:
+    """Run ``argv`` under strace writing ``trace``; return the workload's exit status.
+
+    The workload's stdout and stderr go to ``output`` (default: inherited).
+    """
+    cmd = [
+        strace_path(),
+        "-f",
+        "-qq",
+        "-yy",
+        "-X",
+        "raw",
+        "-s",
+        "0",
+        "--seccomp-bpf",
+        "-e",
+        "signal=none",
+        "-e",
+        "write=all",
+        "-e",
+        f"trace={TRACED}",
+        "-o",
+        str(trace),
+        "--",
+        *argv,
+    ]
+    if output is None:
+        return subprocess.run(cmd, cwd=cwd, env=env, check=False).returncode
+    with open(output, "wb") as out:
+        return subprocess.run(
+            cmd, cwd=cwd, env=env, check=False, stdout=out, stderr=subprocess.STDOUT
+        ).returncode
+
+
+@dataclass
+class Call:
+    """One completed system call."""
+
+    tid: int
+    name: str
+    args: list[str]
+    ret: int | None
+    """The return value; None for a failed call (``-1 ERRNO``) or one never finished."""
+    ret_path: str | None = None
+    """The path strace decorated the returned descriptor with (``open`` and friends)."""
+    data: bytearray = field(default_factory=bytearray)
+    """The bytes written (``write``, ``pwrite64``, ``writev``...), from the hex dump."""
+    line: int = 0
+
+
+_LINE = re.compile(r"^(\d+)\s+(.*)$")
+_DUMP = re.compile(r"^ \| [0-9a-f]{5,}  ")
+_DUMP_WIDTH = 48  # sixteen bytes as hex pairs, a double space after the eighth
+_RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
+_RET = re.compile(r"^\s*=\s*(0x[0-9a-f]+|-?\d+|\?)(?:<(.*)>)?")
+_DECORATED = re.compile(r"^(-?\d+)<(.*)>$", re.S)
+_UNFINISHED = " <unfinished ...>"
+
+_HANDLED = frozenset(TRACED.split(",")) | {"exit", "exit_group", "execve"}
+
+
+def split_args(text: str) -> tuple[list[str], str]:
+    """Split ``a, b, {c, d}, "e,f")`` at top-level commas; return the arguments and what
+    follows the closing parenthesis."""
+    args: list[str] = []
+    depth = 0
+    start = 0
+    i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch == "<" and i > 0 and (text[i - 1].isdigit() or text[i - 1] == "]"):
+            # a decoration: a path that may hold any character but an unescaped '>'
+            i += 1
+            while i < n and text[i] != ">":
+                i += 2 if text[i] == "\\" else 1
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                if text[start:i].strip():
+                    args.append(text[start:i].strip())
+                return args, text[i + 1 :]
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+    if text[start:].strip():
+        args.append(text[start:].strip())
+    return args, ""
+
+
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|[0-7]{1,3}|.)", re.S)
+_SIMPLE = {"n": 10, "t": 9, "r": 13, "v": 11, "f": 12, "a": 7, "b": 8, "e": 27}
+
+
+def unescape(text: str) -> str:
+    """A C string as strace prints it (quotes and a trailing ``...`` allowed), decoded."""
+    if text.endswith("..."):
+        text = text[:-3]
+    if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
+        text = text[1:-1]
+    out = bytearray()
+    pos = 0
+    for m in _ESCAPE.finditer(text):
+        out += text[pos : m.start()].encode("utf-8", "surrogateescape")
+        e = m[1]
+        if e[0] == "x":
+            out.append(int(e[1:], 16))
+        elif e[0] in "01234567":
+            out.append(int(e, 8) & 0xFF)
+        else:
+            out.append(_SIMPLE.get(e, ord(e)))
+        pos = m.end()
+    out += text[pos:].encode("utf-8", "surrogateescape")
+    return out.decode("utf-8", "surrogateescape")
+
+
+def fd_arg(text: str) -> tuple[int, str | None]:
+    """``3</some/path>`` as (3, "/some/path"); ``-100</cwd>`` (AT_FDCWD) likewise."""
+    m = _DECORATED.match(text)
+    if m:
+        return int(m[1]), unescape(m[2])
+    try:
+        return int(text, 0), None
+    except ValueError:
+        return -1, None
+
+
+def int_arg(text: str) -> int:
+    """An integer argument (decimal or hex); -1 when it is not one."""
+    try:
+        return int(text.split("<", 1)[0], 0)
+    except ValueError:
+        return -1
+
+
+def _decode_dump(hexpart: str, into: bytearray) -> None:
+    into += bytes.fromhex("".join(hexpart.split()))
+
+
+def read_calls(trace: Path) -> Iterator[Call]:
+    """The completed calls of a trace file, in completion order."""
+    pending: dict[int, str] = {}
+    last: Call | None = None
+    with open(trace, encoding="utf-8", errors="surrogateescape") as f:
+        for number, raw in enumerate(f, 1):
+            line = raw.rstrip("\n")
+            if line.startswith(" | "):
+                m = _DUMP.match(line)
+                if m and last is not None:
+                    _decode_dump(line[m.end() : m.end() + _DUMP_WIDTH], last.data)
+                continue
+            if line.startswith(" * "):  # "N bytes in buffer K" of writev: the dump follows
+                continue
+            m = _LINE.match(line)
+            if m is None:
+                continue
+            if last is not None:
+                yield last
+                last = None
+            tid, text = int(m[1]), m[2]
+            if text.endswith(_UNFINISHED):
+                pending[tid] = text[: -len(_UNFINISHED)]
+                continue
+            r = _RESUMED.match(text)
+            if r is not None:
+                head = pending.pop(tid, None)
+                if head is None:
+                    continue
+                text = head + r[2]
+            paren = text.find("(")
+            if paren <= 0:
+                continue
+            name = text[:paren]
+            if name not in _HANDLED:
+                continue
+            args, rest = split_args(text[paren + 1 :])
+            rm = _RET.match(rest)
+            ret: int | None = None
+            ret_path: str | None = None
+            if rm is not None and rm[1] != "?" and not rest.lstrip("= ").startswith("-1 E"):
+                ret = int(rm[1], 0)
+                ret_path = unescape(rm[2]) if rm[2] is not None else None
+            last = Call(tid, name, args, ret, ret_path, line=number)
+    if last is not None:
+        yield last

@@ -1,0 +1,95 @@
+"""Saves rank 0 alone writes (rank0_commit), and the distributed API in a single process
+(no process group): the same script runs on one process or many without branching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import Runner
+from dist_scenarios import TIMEOUT
+
+from atomic_ckpt import CheckpointDir, UnmarkedCheckpointsError
+from atomic_ckpt.distributed import declare, distributed_commit, rank0_commit, rank_path, resume
+
+SLACK = 20.0
+
+
+def test_rank0_commit_publishes_what_rank_0_wrote_before_any_rank_goes_on(
+    run_ranks: Runner, tmp_path: Path
+) -> None:
+    """Rank 0 gets the staging dir, the others None; every rank sees the step afterwards."""
+    results = run_ranks("rank0_saves", 2)
+    assert all(r.ok for r in results), results
+    assert results[0].data["path"] is not None
+    assert results[1].data["path"] is None
+    assert [r.data["steps"] for r in results] == [[4], [4]]
+    ckpt = CheckpointDir(tmp_path / "ckpts").verify(4)
+    assert [e.path for e in ckpt.manifest.files] == ["model.bin"]
+    assert ckpt.manifest.metadata == {"by": "rank0"}
+
+
+def test_a_killed_rank_0_makes_the_waiting_ranks_raise_a_distributed_commit_error(
+    run_ranks: Runner, tmp_path: Path
+) -> None:
+    """SIGKILL of rank 0 mid-save: rank 1 raises DistributedCommitError in time, not gloo's
+    own error; nothing was promoted."""
+    results = run_ranks("rank0_saves", 2, die=True)
+    assert results[0].exitcode == -9  # the kill fired
+    assert (tmp_path / "out0" / "killed").exists()
+    survivor = results[1].data
+    assert survivor["error"] == "DistributedCommitError", survivor
+    assert "lost contact" in survivor["message"]
+    assert survivor["elapsed"] < TIMEOUT + SLACK
+    assert CheckpointDir(tmp_path / "ckpts").steps() == []
+
+
+def test_rank_0_s_failed_save_is_named_on_every_rank(run_ranks: Runner, tmp_path: Path) -> None:
+    """Rank 0 re-raises its own error; rank 1 gets a DistributedCommitError naming it."""
+    results = run_ranks("rank0_saves", 2, fail=True)
+    assert results[0].data["error"] == "OSError"
+    assert "no space left on purpose" in results[0].data["message"]
+    assert results[1].data["error"] == "DistributedCommitError"
+    assert "no space left on purpose" in results[1].data["message"]
+    assert CheckpointDir(tmp_path / "ckpts").steps() == []
+
+
+# ---------------------------------------------------------------- without a process group
+
+
+def test_without_a_process_group_distributed_commit_is_a_plain_commit(tmp_path: Path) -> None:
+    """distributed_commit, rank_path and declare work in a single process (rank 0)."""
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    with distributed_commit(ckpts, 2) as path:
+        rank_path(path / "shard.bin").write_bytes(b"rank zero's shard")
+        (path / "config.json").write_text("{}")
+        declare(path / "config.json")
+    ckpt = ckpts.verify(2)
+    assert sorted(e.path for e in ckpt.manifest.files) == ["config.json", "shard.rank0.bin"]
+
+
+def test_without_a_process_group_rank0_commit_yields_the_path(tmp_path: Path) -> None:
+    """A single process is rank 0: it gets the path, and leaving the block commits."""
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    with rank0_commit(ckpts, 1, metadata={"x": 1}) as path:
+        assert path is not None
+        (path / "model.bin").write_bytes(b"weights")
+    assert ckpts.verify(1).manifest.metadata == {"x": 1}
+
+
+def test_without_a_process_group_resume_is_resume_point(tmp_path: Path) -> None:
+    """distributed.resume() answers like CheckpointDir.resume_point(): the newest complete
+    checkpoint, None on an empty root, and the same refusal of unmarked directories."""
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    assert resume(ckpts) is None
+    with ckpts.commit(3) as path:
+        (path / "a").write_bytes(b"a")
+    found = resume(ckpts, verify=True)
+    assert found is not None
+    assert found.step == 3
+    other = CheckpointDir(tmp_path / "legacy")
+    (other.root / "5").mkdir(parents=True)
+    (other.root / "5" / "model.bin").write_bytes(b"legacy")
+    with pytest.raises(UnmarkedCheckpointsError):
+        resume(other)
+    assert resume(other, fresh=True) is None

@@ -1,0 +1,81 @@
+"""docs/guides/audit.md runs as written: its scripts, its console sessions (output and exit
+status as shown, timings aside) and its pytest example."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from _audit_scripts import needs_strace
+
+pytestmark = needs_strace
+
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "guides" / "audit.md"
+_FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
+_NAMED = re.compile(r"^# ([\w.]+\.py)\b")
+
+
+def blocks() -> list[tuple[str, str]]:
+    """The guide's fenced blocks: (language, text)."""
+    return [(m[1], m[2]) for m in _FENCE.finditer(GUIDE.read_text())]
+
+
+def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A console line as this checkout runs it (atomic-ckpt and python from this Python)."""
+    python = sys.executable
+    command = re.sub(r"^atomic-ckpt\b", f"{python} -m atomic_ckpt.cli", command)
+    command = re.sub(r"(?<![\w/.-])python(?= )", python, command)
+    return subprocess.run(
+        command, shell=True, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_the_guide_runs_as_written(tmp_path: Path) -> None:
+    """Every python block is a file the sessions use or a test that passes; every console
+    session prints what the guide shows."""
+    found = blocks()
+    assert {lang for lang, _ in found} <= {"python", "console", "text"}
+    sessions = 0
+    for lang, text in found:
+        if lang == "python":
+            name = _NAMED.match(text)
+            assert name is not None, f"a python block without a '# NAME.py' first line:\n{text}"
+            (tmp_path / name[1]).write_text(text)
+    for lang, text in found:
+        if lang != "console":
+            continue
+        status = None
+        command, expected = None, []
+        for line in [*text.splitlines(), "$ (end)"]:
+            if not line.startswith("$ "):
+                expected.append(line)
+                continue
+            if command is not None:
+                if command == "echo $?":
+                    assert expected == [str(status)]
+                else:
+                    run = shell(command, tmp_path)
+                    status = run.returncode
+                    shown = [x for x in run.stdout.splitlines() if not x.startswith("  time:")]
+                    assert shown == [x for x in expected if not x.startswith("  time:")], (
+                        run.stdout + run.stderr
+                    )
+                    sessions += 1
+            command, expected = line[2:], []
+    assert sessions == 2
+    tests = [p for p in tmp_path.glob("test_*.py")]
+    assert len(tests) == 1
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests[0])],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
