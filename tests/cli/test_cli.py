@@ -244,4 +244,4 @@ def test_cli_messages_name_no_python_internals(ckpts: CheckpointDir, capsys) -> 
     (ckpts.root / "4").mkdir()
     (ckpts.root / "4" / "only").write_bytes(b"x")
     assert main(["mark-complete", str(ckpts.root / "4")]) == 0
-    assert capsys.readouterr().out.endswith("complete (1 entry)\n")
+    assert "complete (1 entry)" in capsys.readouterr().out
