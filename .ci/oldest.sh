@@ -21,5 +21,5 @@ echo "oldest ($((SECONDS - started)) s): installed" \
 unset PYTHONPATH
 "$work/venv/bin/python" -m pytest tests/integrations -q -p no:cacheprovider \
   --ignore=tests/integrations/transformers/test_hf_deepspeed.py \
-  -W error::atomic_ckpt.integrations._versions.UntestedVersionWarning
+  -W error::atomic_ckpt.integrations.UntestedVersionWarning
 echo "oldest ($((SECONDS - started)) s): done"

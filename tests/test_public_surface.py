@@ -134,8 +134,10 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "check_transformers",
         "last_checkpoint",
     ),
+    "atomic_ckpt.integrations": ("TestedRange", "UntestedVersionWarning"),
     "atomic_ckpt.integrations.accelerate": (
         "ITERATION_KEY",
+        "TESTED_RANGE",
         "load_state",
         "save_state",
     ),
@@ -145,6 +147,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "AtomicModelCheckpoint",
         "AtomicModelParallelStrategy",
         "LightningClasses",
+        "TESTED_RANGE",
         "TESTED_VERSIONS",
         "classes_for",
     ),

@@ -30,9 +30,6 @@ class UntestedVersionWarning(UserWarning):
     """
 
 
-UntestedVersionWarning.__module__ = "atomic_ckpt.integrations"  # its public home
-
-
 @dataclass(frozen=True)
 class TestedRange:
     """The versions of ``package`` an integration is tested with: ``oldest`` and
@@ -82,3 +79,7 @@ def warn_if_untested(
         stacklevel=2,
     )
     return True
+
+
+# Their public home (tracebacks, pickles and the API reference say atomic_ckpt.integrations).
+UntestedVersionWarning.__module__ = TestedRange.__module__ = "atomic_ckpt.integrations"

@@ -52,9 +52,9 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
 
 from atomic_ckpt import Checkpoint, CheckpointDir, RetentionPolicy
 from atomic_ckpt.distributed import distributed_commit, resume
-from atomic_ckpt.integrations._versions import TestedRange, UntestedVersionWarning, warn_if_untested
+from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 
-__all__ = ["ITERATION_KEY", "TESTED_RANGE", "UntestedVersionWarning", "load_state", "save_state"]
+__all__ = ["ITERATION_KEY", "TESTED_RANGE", "load_state", "save_state"]
 
 TESTED_RANGE = TestedRange("accelerate", "1.1.0", "1.15.0")
 """The Accelerate versions CI runs this module's tests with, the oldest and the newest.
@@ -63,7 +63,7 @@ Only public API is used (``save_state``/``load_state`` and ``ProjectConfiguratio
 ``automatic_checkpoint_naming``, ``iteration`` and ``save_on_each_node``, the same since
 0.34), so the oldest is the oldest that passes the tests: with 1.0 a run resumed by
 :func:`load_state` does not train on bit-identically. Outside the range the import warns
-(:class:`UntestedVersionWarning`)."""
+(:class:`~atomic_ckpt.integrations.UntestedVersionWarning`)."""
 
 warn_if_untested(__name__, TESTED_RANGE, accelerate.__version__)
 

@@ -69,7 +69,7 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.distributed import distributed_commit, resume
-from atomic_ckpt.integrations._versions import TestedRange, UntestedVersionWarning, warn_if_untested
+from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -77,7 +77,6 @@ __all__ = [
     "TESTED_RANGE",
     "AtomicCheckpointMixin",
     "AtomicTrainer",
-    "UntestedVersionWarning",
     "check_transformers",
     "last_checkpoint",
 ]
@@ -88,7 +87,8 @@ TESTED_RANGE = TestedRange("transformers", "4.47.0", "5.24.0")
 """The transformers versions CI runs this module's tests with, the oldest and the newest.
 
 4.47 is the oldest: ``Trainer._save_checkpoint`` took a third parameter (``metrics``)
-before it. Outside the range the import warns (:class:`UntestedVersionWarning`)."""
+before it. Outside the range the import warns
+(:class:`~atomic_ckpt.integrations.UntestedVersionWarning`)."""
 
 PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     # Overridden: the whole checkpoint save, wrapped in one commit.
@@ -107,8 +107,9 @@ CHECKPOINT_PREFIX = f"{PREFIX_CHECKPOINT_DIR}-"
 
 
 def check_transformers(version: str, trainer: type[Any] = Trainer) -> bool:
-    """Check the installed transformers at import: warn (:class:`UntestedVersionWarning`,
-    returning True) if ``version`` is outside :data:`TESTED_RANGE`; raise ImportError if
+    """Check the installed transformers at import: warn
+    (:class:`~atomic_ckpt.integrations.UntestedVersionWarning`, returning True) if
+    ``version`` is outside :data:`TESTED_RANGE`; raise ImportError if
     ``trainer`` lacks a method of :data:`PRIVATE_METHODS` or its parameters differ (the
     override would fail at the first save)."""
     for name, params in PRIVATE_METHODS.items():

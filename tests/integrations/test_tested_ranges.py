@@ -22,6 +22,7 @@ pytest.importorskip("lightning", reason="needs the [lightning] extra")
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+import atomic_ckpt.integrations
 from atomic_ckpt.integrations import _versions
 from atomic_ckpt.integrations import accelerate as acc_integration
 from atomic_ckpt.integrations import lightning as pl_integration
@@ -101,7 +102,7 @@ def test_an_untested_version_warns_naming_the_range_and_the_private_methods() ->
         "reads A._b, C._d, which may have changed. It is imported anyway; if it "
         "misbehaves, install a tested version (pip install 'fw>=1.2.0,<=1.4.0') and report it"
     )
-    assert _versions.UntestedVersionWarning is hf_integration.UntestedVersionWarning
+    assert atomic_ckpt.integrations.UntestedVersionWarning is _versions.UntestedVersionWarning
 
 
 def test_accelerate_outside_its_range_still_imports_with_a_warning() -> None:

@@ -67,19 +67,19 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 # missing one gives the hint above): the plugin in _lightning_io, the callback in
 # _lightning_callback, the sharded strategies in _lightning_strategy. Each is a mixin without
 # a Lightning base; classes_for() below builds the public classes from them, per package.
-from atomic_ckpt.integrations._versions import TestedRange, UntestedVersionWarning, warn_if_untested
+from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 from atomic_ckpt.integrations.lightning._callback import _AtomicModelCheckpoint
 from atomic_ckpt.integrations.lightning._io import _AtomicCheckpointIO
 from atomic_ckpt.integrations.lightning._strategy import _AtomicShardedSave
 
 __all__ = [
     "TESTED_RANGE",
+    "TESTED_VERSIONS",
     "AtomicCheckpointIO",
     "AtomicFSDPStrategy",
     "AtomicModelCheckpoint",
     "AtomicModelParallelStrategy",
     "LightningClasses",
-    "UntestedVersionWarning",
     "classes_for",
 ]
 
@@ -91,7 +91,14 @@ TESTED_RANGE = TestedRange("lightning", "2.3.0", "2.6.6")
 
 2.3 is the oldest: ``ModelParallelStrategy`` (which :class:`AtomicModelParallelStrategy`
 extends) first appears in it; ``save_last="link"`` is 2.2's, ``_link_checkpoint`` 2.1's.
-Outside the range the import warns (:class:`UntestedVersionWarning`)."""
+Outside the range the import warns (:class:`~atomic_ckpt.integrations.UntestedVersionWarning`)."""
+
+TESTED_VERSIONS = (
+    tuple(int(p) for p in TESTED_RANGE.oldest.split(".")[:2]),
+    (int(TESTED_RANGE.newest.split(".")[0]), int(TESTED_RANGE.newest.split(".")[1]) + 1),
+)
+""":data:`TESTED_RANGE` as ``(major, minor)`` bounds, from the first, below the second:
+``((2, 3), (2, 7))``. Kept for code written against 0.2.0.dev0; use :data:`TESTED_RANGE`."""
 
 OVERRIDDEN_PRIVATE = {
     "ModelCheckpoint": (
@@ -127,8 +134,8 @@ def classes_for(package: Package) -> LightningClasses:
     (``lightning.pytorch``) or ``"pytorch_lightning"``.
 
     Raises ImportError if it is not installed or lacks a method of
-    :data:`OVERRIDDEN_PRIVATE`; warns (:class:`UntestedVersionWarning`) if its version is
-    outside :data:`TESTED_RANGE`.
+    :data:`OVERRIDDEN_PRIVATE`; warns if its version is outside :data:`TESTED_RANGE`
+    (:class:`~atomic_ckpt.integrations.UntestedVersionWarning`).
     """
     if package in _BUILT:
         return _BUILT[package]

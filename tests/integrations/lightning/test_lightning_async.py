@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import atomic_ckpt.integrations.lightning as integration
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l4_protocol.onefile import _TEMP_RE
+from atomic_ckpt.integrations import UntestedVersionWarning
 from atomic_ckpt.integrations.lightning import classes_for
 
 PACKAGES = ["lightning", "pytorch_lightning"]
@@ -332,7 +333,7 @@ def test_an_untested_lightning_version_warns_and_builds_the_classes(
     lightning = importlib.import_module("lightning")
     monkeypatch.setattr(lightning, "__version__", "2.7.0")
     monkeypatch.setattr(integration, "_BUILT", {})
-    with pytest.warns(integration.UntestedVersionWarning) as caught:
+    with pytest.warns(UntestedVersionWarning) as caught:
         classes = classes_for("lightning")
     assert issubclass(classes.AtomicCheckpointIO, lightning.fabric.plugins.CheckpointIO)
     message = str(caught[0].message)

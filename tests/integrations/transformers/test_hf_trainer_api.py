@@ -53,10 +53,10 @@ from atomic_ckpt import (  # noqa: E402
     UnmarkedCheckpointsError,
     UnusableCheckpointsError,
 )
+from atomic_ckpt.integrations import UntestedVersionWarning  # noqa: E402
 from atomic_ckpt.integrations import transformers as integration  # noqa: E402
 from atomic_ckpt.integrations.transformers import (  # noqa: E402
     AtomicTrainer,
-    UntestedVersionWarning,
     check_transformers,
     last_checkpoint,
 )
