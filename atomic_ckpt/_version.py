@@ -1,3 +1,3 @@
 """The version of atomic_ckpt, read by the build (hatch) and by ``atomic_ckpt.__version__``."""
 
-__version__ = "0.2.0.dev0"
+__version__ = "0.2.0"

@@ -79,17 +79,27 @@ def _range(low: tuple[int, ...] | str, high: tuple[int, ...] | str) -> str:
     return f">={dotted(low)},<{dotted(high)}"
 
 
+def _tested(tested: Any) -> str:
+    """An integration's TESTED_RANGE as the guides state it: the two versions CI runs."""
+    newest = ".".join(tested.newest.split(".")[:2])
+    return (
+        f"{tested.oldest} and {tested.newest} (CI runs the tests against both; any version "
+        f"from {tested.oldest} to {newest}.x imports without a warning)"
+    )
+
+
 def _substitutions() -> dict[str, str]:
     """Version facts for the guides, read from the code and pyproject.toml (never typed
     twice): ``{{ name }}`` in a page."""
     from atomic_ckpt import dcp
-    from atomic_ckpt.integrations import lightning, transformers
+    from atomic_ckpt.integrations import accelerate, lightning, transformers
 
     extras = _extras()
     subs = {
         "ci_torch": _ci_torch(),
-        "range_transformers": _range(*transformers.TESTED_RANGE),
-        "range_lightning": _range(*lightning.TESTED_VERSIONS),
+        "range_transformers": _tested(transformers.TESTED_RANGE),
+        "range_accelerate": _tested(accelerate.TESTED_RANGE),
+        "range_lightning": _tested(lightning.TESTED_RANGE),
         "range_dcp_torch": _range(*dcp.TESTED_TORCH),
     }
     for extra, requirements in extras.items():

@@ -135,8 +135,10 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "check_transformers",
         "last_checkpoint",
     ),
+    "atomic_ckpt.integrations": ("TestedRange", "UntestedVersionWarning"),
     "atomic_ckpt.integrations.accelerate": (
         "ITERATION_KEY",
+        "TESTED_RANGE",
         "load_state",
         "save_state",
     ),
@@ -146,6 +148,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "AtomicModelCheckpoint",
         "AtomicModelParallelStrategy",
         "LightningClasses",
+        "TESTED_RANGE",
         "TESTED_VERSIONS",
         "classes_for",
     ),

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any, SupportsIndex
 
 try:
+    import accelerate  # type: ignore[import-untyped]
     import torch.distributed as dist
-    from accelerate import Accelerator  # type: ignore[import-untyped]
+    from accelerate import Accelerator
 except ImportError as _exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
         f"atomic_ckpt.integrations.accelerate needs accelerate ({_exc}): "
@@ -51,8 +52,20 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
 
 from atomic_ckpt import Checkpoint, CheckpointDir, RetentionPolicy
 from atomic_ckpt.distributed import distributed_commit, resume
+from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 
-__all__ = ["ITERATION_KEY", "load_state", "save_state"]
+__all__ = ["ITERATION_KEY", "TESTED_RANGE", "load_state", "save_state"]
+
+TESTED_RANGE = TestedRange("accelerate", "1.1.0", "1.15.0")
+"""The Accelerate versions CI runs this module's tests with, the oldest and the newest.
+
+Only public API is used (``save_state``/``load_state`` and ``ProjectConfiguration``'s
+``automatic_checkpoint_naming``, ``iteration`` and ``save_on_each_node``, the same since
+0.34), so the oldest is the oldest that passes the tests: with 1.0 a run resumed by
+:func:`load_state` does not train on bit-identically. Outside the range the import warns
+(:class:`~atomic_ckpt.integrations.UntestedVersionWarning`)."""
+
+warn_if_untested(__name__, TESTED_RANGE, accelerate.__version__)
 
 ITERATION_KEY = "accelerate_iteration"
 """Manifest metadata key: ``ProjectConfiguration.iteration`` after the save."""

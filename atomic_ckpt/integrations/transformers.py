@@ -34,7 +34,8 @@ What changes, and nothing else does (names, layout and files stay Hugging Face's
   directory whose name matches, finished or not).
 
 The private ``Trainer`` methods this relies on are listed in :data:`PRIVATE_METHODS` and
-checked, with the version (:data:`TESTED_RANGE`), when this module is imported.
+checked when this module is imported: a missing one, or one whose parameters changed, is
+refused; a transformers version outside :data:`TESTED_RANGE` (4.47.0 to 5.24.x) only warns.
 
 Not supported: ``save_on_each_node=True`` with several processes (node-local storage: no
 rank 0 can promote another node's files; refused), and ``push_to_hub`` uploads from a
@@ -56,7 +57,6 @@ from typing import TYPE_CHECKING, Any
 try:
     import torch.distributed as dist
     import transformers
-    from packaging.version import Version
     from transformers import Trainer
     from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
@@ -69,6 +69,7 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.distributed import distributed_commit, resume
+from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -82,8 +83,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TESTED_RANGE = ("5.24", "5.25")
-"""The transformers versions this module is tested with: ``>=5.24,<5.25`` (the extra's)."""
+TESTED_RANGE = TestedRange("transformers", "4.47.0", "5.24.0")
+"""The transformers versions CI runs this module's tests with, the oldest and the newest.
+
+4.47 is the oldest: ``Trainer._save_checkpoint`` took a third parameter (``metrics``)
+before it. Outside the range the import warns
+(:class:`~atomic_ckpt.integrations.UntestedVersionWarning`)."""
 
 PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     # Overridden: the whole checkpoint save, wrapped in one commit.
@@ -100,21 +105,13 @@ The one place they are named; :func:`check_transformers` compares them with the 
 CHECKPOINT_PREFIX = f"{PREFIX_CHECKPOINT_DIR}-"
 """``checkpoint-``: the step directories are Hugging Face's ``checkpoint-N``."""
 
-UNTESTED_ENV = "ATOMIC_CKPT_UNTESTED_TRANSFORMERS"
-"""Set to 1 to import with a transformers version outside :data:`TESTED_RANGE`."""
 
-
-def check_transformers(version: str, trainer: type[Any] = Trainer) -> None:
-    """Raise ImportError unless ``version`` is in :data:`TESTED_RANGE` and ``trainer``
-    has every method of :data:`PRIVATE_METHODS` with those parameters."""
-    low, high = TESTED_RANGE
-    if not Version(low) <= Version(version) < Version(high) and os.environ.get(UNTESTED_ENV) != "1":
-        raise ImportError(
-            f"atomic_ckpt.integrations.transformers is tested with transformers>={low},<{high} "
-            f"and found {version}: it overrides private Trainer methods, which change between "
-            f"releases. Install a tested version (pip install 'atomic_ckpt[transformers]'), "
-            f"or set {UNTESTED_ENV}=1 to try this one"
-        )
+def check_transformers(version: str, trainer: type[Any] = Trainer) -> bool:
+    """Check the installed transformers at import: warn
+    (:class:`~atomic_ckpt.integrations.UntestedVersionWarning`, returning True) if
+    ``version`` is outside :data:`TESTED_RANGE`; raise ImportError if
+    ``trainer`` lacks a method of :data:`PRIVATE_METHODS` or its parameters differ (the
+    override would fail at the first save)."""
     for name, params in PRIVATE_METHODS.items():
         method = getattr(trainer, name, None)
         found = None if method is None else tuple(inspect.signature(method).parameters)
@@ -122,8 +119,11 @@ def check_transformers(version: str, trainer: type[Any] = Trainer) -> None:
             raise ImportError(
                 f"atomic_ckpt.integrations.transformers: transformers {version}'s "
                 f"Trainer.{name} is {'missing' if found is None else found}, expected "
-                f"{params}; this version is not supported"
+                f"{params}; this version is not supported (tested: {TESTED_RANGE})"
             )
+    return warn_if_untested(
+        __name__, TESTED_RANGE, version, [f"Trainer.{name}" for name in PRIVATE_METHODS]
+    )
 
 
 check_transformers(transformers.__version__)
@@ -311,10 +311,13 @@ class AtomicCheckpointMixin(_Base):
     def _fix_best_path(self, run_dir: str, staging: Path) -> None:
         """Trainer looked for the best checkpoint in the staging dir: point it at the root."""
         best = self.state.best_model_checkpoint
+        # TrainerState.best_global_step is new in 4.50; before it, best_model_checkpoint
+        # is set outside _save_checkpoint, from the run directory itself.
+        best_step = getattr(self.state, "best_global_step", None)
         if best is not None and Path(best).parent == staging:
             self.state.best_model_checkpoint = os.path.join(run_dir, Path(best).name)
-        elif best is None and self.state.best_global_step:
-            older = os.path.join(run_dir, f"{CHECKPOINT_PREFIX}{self.state.best_global_step}")
+        elif best is None and best_step:
+            older = os.path.join(run_dir, f"{CHECKPOINT_PREFIX}{best_step}")
             if os.path.isdir(older):
                 self.state.best_model_checkpoint = older
 

@@ -48,6 +48,7 @@ accelerator); DeepSpeed is not covered.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any, Literal, NamedTuple
 
@@ -66,11 +67,13 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 # missing one gives the hint above): the plugin in _lightning_io, the callback in
 # _lightning_callback, the sharded strategies in _lightning_strategy. Each is a mixin without
 # a Lightning base; classes_for() below builds the public classes from them, per package.
+from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 from atomic_ckpt.integrations.lightning._callback import _AtomicModelCheckpoint
 from atomic_ckpt.integrations.lightning._io import _AtomicCheckpointIO
 from atomic_ckpt.integrations.lightning._strategy import _AtomicShardedSave
 
 __all__ = [
+    "TESTED_RANGE",
     "TESTED_VERSIONS",
     "AtomicCheckpointIO",
     "AtomicFSDPStrategy",
@@ -82,8 +85,20 @@ __all__ = [
 
 Package = Literal["lightning", "pytorch_lightning"]
 
-TESTED_VERSIONS = ((2, 6), (2, 7))
-"""The Lightning releases this module is tested with: >= 2.6, < 2.7."""
+TESTED_RANGE = TestedRange("lightning", "2.3.0", "2.6.6")
+"""The Lightning versions CI runs this module's tests with (``lightning`` and
+``pytorch-lightning`` alike), the oldest and the newest.
+
+2.3 is the oldest: ``ModelParallelStrategy`` (which :class:`AtomicModelParallelStrategy`
+extends) first appears in it; ``save_last="link"`` is 2.2's, ``_link_checkpoint`` 2.1's.
+Outside the range the import warns (:class:`~atomic_ckpt.integrations.UntestedVersionWarning`)."""
+
+TESTED_VERSIONS = (
+    tuple(int(p) for p in TESTED_RANGE.oldest.split(".")[:2]),
+    (int(TESTED_RANGE.newest.split(".")[0]), int(TESTED_RANGE.newest.split(".")[1]) + 1),
+)
+""":data:`TESTED_RANGE` as ``(major, minor)`` bounds, from the first, below the second:
+``((2, 3), (2, 7))``. Kept for code written against 0.2.0.dev0; use :data:`TESTED_RANGE`."""
 
 OVERRIDDEN_PRIVATE = {
     "ModelCheckpoint": (
@@ -114,18 +129,13 @@ class LightningClasses(NamedTuple):
 _BUILT: dict[str, LightningClasses] = {}
 
 
-def _tested(version: str) -> bool:
-    from packaging.version import Version
-
-    v = Version(version).release
-    return TESTED_VERSIONS[0] <= v[:2] < TESTED_VERSIONS[1]
-
-
 def classes_for(package: Package) -> LightningClasses:
     """``AtomicCheckpointIO`` and ``AtomicModelCheckpoint`` for ``package``: ``"lightning"``
     (``lightning.pytorch``) or ``"pytorch_lightning"``.
 
-    Raises ImportError if it is not installed or not a tested version.
+    Raises ImportError if it is not installed or lacks a method of
+    :data:`OVERRIDDEN_PRIVATE`; warns if its version is outside :data:`TESTED_RANGE`
+    (:class:`~atomic_ckpt.integrations.UntestedVersionWarning`).
     """
     if package in _BUILT:
         return _BUILT[package]
@@ -147,20 +157,25 @@ def classes_for(package: Package) -> LightningClasses:
             "pip install 'atomic_ckpt[lightning]'"
         ) from exc
     version = str(getattr(root, "__version__", "0"))
-    lo, hi = (".".join(map(str, v)) for v in TESTED_VERSIONS)
-    if not _tested(version):
-        raise ImportError(
-            f"atomic_ckpt.integrations.lightning is tested with {package} >={lo},<{hi}, and "
-            f"{version} is installed: it overrides private methods that may have changed. "
-            f"Install a tested release: pip install 'atomic_ckpt[lightning]'"
-        )
     missing = [
         f"ModelCheckpoint.{name}"
         for name in OVERRIDDEN_PRIVATE["ModelCheckpoint"]
         if not callable(getattr(mc_base, name, None))
     ]
+    missing += [
+        f"strategies.{name}"
+        for name in ("ModelParallelStrategy", "FSDPStrategy")
+        if not hasattr(strategies, name)
+    ]
     if missing:
-        raise ImportError(f"{package} {version} lacks {', '.join(missing)}: not supported")
+        raise ImportError(
+            f"{package} {version} lacks {', '.join(missing)}: not supported "
+            f"(tested: {TESTED_RANGE})"
+        )
+    private = [f"{cls}.{name}" for cls, names in OVERRIDDEN_PRIVATE.items() for name in names]
+    private += [f"{cls}.{name}" for cls, names in READ_PRIVATE.items() for name in names]
+    tested = dataclasses.replace(TESTED_RANGE, package=package.replace("_", "-"))
+    warn_if_untested(__name__, tested, version, private)
     suffix = "" if package == _DEFAULT else f"_{package}"
     io_cls = _make(f"AtomicCheckpointIO{suffix}", _AtomicCheckpointIO, io_base)
     mc_cls = _make(f"AtomicModelCheckpoint{suffix}", _AtomicModelCheckpoint, mc_base)

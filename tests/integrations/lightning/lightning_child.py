@@ -163,7 +163,7 @@ def main(config: dict[str, Any]) -> None:
             x = torch.randn(16 * world, 8, generator=g)
             return DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=4)
 
-    pl.seed_everything(0, verbose=False)
+    pl.seed_everything(0)  # (its verbose=False is new in 2.4)
     dirpath = Path(config["dir"]) / "ckpts"
     options = {
         "dirpath": dirpath,

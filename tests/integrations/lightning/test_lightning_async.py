@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import atomic_ckpt.integrations.lightning as integration
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l4_protocol.onefile import _TEMP_RE
+from atomic_ckpt.integrations import UntestedVersionWarning
 from atomic_ckpt.integrations.lightning import classes_for
 
 PACKAGES = ["lightning", "pytorch_lightning"]
@@ -324,12 +325,26 @@ def test_classes_for_both_packages_are_their_own(tmp_path: Path) -> None:
         assert type(callback2) is classes.AtomicModelCheckpoint
 
 
-def test_an_untested_lightning_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outside the tested range (>=2.6,<2.7) building the classes fails with a clear error."""
+def test_an_untested_lightning_version_warns_and_builds_the_classes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside the tested range the classes are still built, with a warning that names
+    the range and the private methods; a missing private method is refused."""
     lightning = importlib.import_module("lightning")
     monkeypatch.setattr(lightning, "__version__", "2.7.0")
     monkeypatch.setattr(integration, "_BUILT", {})
-    with pytest.raises(ImportError, match=r">=2\.6,<2\.7.*2\.7\.0"):
+    with pytest.warns(UntestedVersionWarning) as caught:
+        classes = classes_for("lightning")
+    assert issubclass(classes.AtomicCheckpointIO, lightning.fabric.plugins.CheckpointIO)
+    message = str(caught[0].message)
+    assert "tested with lightning 2.3.0 to 2.6.x, and lightning 2.7.0 is installed" in message
+    assert "ModelCheckpoint._link_checkpoint" in message
+    assert "ModelParallelStrategy._save_distributed_checkpoint" in message
+
+    monkeypatch.setattr(integration, "_BUILT", {})
+    callbacks = importlib.import_module("lightning.pytorch.callbacks")
+    monkeypatch.delattr(callbacks.ModelCheckpoint, "_link_checkpoint")
+    with pytest.raises(ImportError, match=r"lacks ModelCheckpoint\._link_checkpoint"):
         classes_for("lightning")
 
 

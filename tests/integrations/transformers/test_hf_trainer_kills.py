@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from hf_launch import Run, complete_steps, launch
+from packaging.version import Version
 
 from atomic_ckpt import TMP_INFIX
 
@@ -101,6 +103,13 @@ def test_trainer_killed_at_each_point_of_a_save_resumes_bit_identical(tmp_path: 
     same_training(ref, out)
 
 
+# Before 5.18 Trainer itself cannot resume a multi-process run on CPU under this torch: it
+# loads the optimizer with map_location="cpu:0", which torch.load refuses ("don't know how
+# to restore data location"), with or without atomic_ckpt. One process is tested above.
+@pytest.mark.skipif(
+    Version(transformers.__version__) < Version("5.18"),
+    reason="transformers < 5.18 cannot resume a multi-process CPU run (map_location='cpu:0')",
+)
 @pytest.mark.parametrize("world", [2])
 def test_two_rank_trainer_killed_mid_save_resumes_bit_identical(tmp_path: Path, world: int) -> None:
     """DDP on 2 gloo processes: rank 0 killed inside the model write, then rank 1 killed
