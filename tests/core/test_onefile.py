@@ -341,7 +341,8 @@ def make_tree(path: Path, content: bytes) -> Path:
 
 
 def test_commit_directory_puts_a_new_directory_in_place(tmp_path: Path) -> None:
-    """A new directory is fsynced (every file and subdirectory) and renamed into place."""
+    """A new directory is fsynced (every file and subdirectory) and renamed into place; the
+    directory it lands in (made by pytest, never fsynced) gets its own entry made durable."""
     synced: list[str] = []
     staging = make_tree(tmp_path / _onefile.temp_name("a.ckpt"), b"new")
     real_file, real_dir = _fs.fsync_file, _fs.fsync_dir
@@ -350,7 +351,7 @@ def test_commit_directory_puts_a_new_directory_in_place(tmp_path: Path) -> None:
         mp.setattr(_fs, "fsync_dir", lambda p: (synced.append(Path(p).name), real_dir(p))[1])
         commit_directory(staging, tmp_path / "a.ckpt")
     assert sorted(synced[:2]) == ["shard", "sub"]  # before the rename, in any order
-    assert synced[2:] == [staging.name, tmp_path.name]
+    assert synced[2:] == [staging.name, tmp_path.name, tmp_path.parent.name]
     assert (tmp_path / "a.ckpt" / "sub" / "shard").read_bytes() == b"new"
     assert listing(tmp_path) == ["a.ckpt"]
 
@@ -597,7 +598,8 @@ def record(monkeypatch: pytest.MonkeyPatch, tmp_dir: Path, old: Path) -> list[Op
         real = getattr(_fs, name)
 
         def logged(*args: Any, **kwargs: Any) -> Any:
-            which = "dir" if Path(args[0]) == tmp_dir else "tmp"
+            path = Path(args[0])
+            which = "dir" if path == tmp_dir else "parent" if path == tmp_dir.parent else "tmp"
             ops.append((name, which))
             return real(*args, **kwargs)
 
@@ -616,7 +618,8 @@ def test_power_loss_at_any_point_leaves_old_or_new_and_new_once_returned(
     """At every crash point the target holds the old or the new bytes, and the new once it
     returned; the same checker rejects the order without either fsync (it can fail)."""
     ops = record(monkeypatch, old.parent, old)
-    assert ops == [("fsync_file", "tmp"), ("rename", "tmp"), ("fsync_dir", "dir")]
+    assert ops[:3] == [("fsync_file", "tmp"), ("rename", "tmp"), ("fsync_dir", "dir")]
+    assert ops[3:] in ([], [("fsync_dir", "parent")])  # the first save into the directory
     for point in range(len(ops) + 1):
         assert crash_outcomes(ops, point) <= {"old", "new"}, point
     assert crash_outcomes(ops, len(ops)) == {"new"}
@@ -624,3 +627,20 @@ def test_power_loss_at_any_point_leaves_old_or_new_and_new_once_returned(
     assert "torn" in crash_outcomes(no_data_fsync, len(no_data_fsync))
     no_dir_fsync = [op for op in ops if op[0] != "fsync_dir"]
     assert "old" in crash_outcomes(no_dir_fsync, len(no_dir_fsync))
+
+
+def test_the_entry_of_a_directory_someone_else_made_is_made_durable_once(
+    tmp_path: Path,
+) -> None:
+    """atomic_write into an existing directory fsyncs that directory's parent at the first
+    save of this process (a framework's makedirs never did), not at every save."""
+    directory = tmp_path / "made-by-a-framework"
+    directory.mkdir()
+    synced: list[Path] = []
+    real_dir = _fs.fsync_dir
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_fs, "fsync_dir", lambda p: (synced.append(Path(p)), real_dir(p))[1])
+        for n in (1, 2):
+            with atomic_write(directory / "last.ckpt") as tmp:
+                tmp.write_bytes(b"%d" % n)
+    assert synced == [directory, tmp_path, directory]

@@ -24,6 +24,7 @@ import os
 import platform
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from atomic_ckpt._core.l1_names.names import MARKER
 __all__ = [
     "EXCHANGE_UNSUPPORTED",
     "fsync_dir",
+    "fsync_entry_once",
     "fsync_fd",
     "fsync_file",
     "link_or_copy",
@@ -192,6 +194,37 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         fsync_fd(fd)
     finally:
         os.close(fd)
+
+
+_DURABLE_ENTRIES: set[tuple[int, int]] = set()
+"""(device, inode) of the directories whose own entry this process made durable."""
+_DURABLE_ENTRIES_LOCK = threading.Lock()
+
+
+def fsync_entry_once(
+    directory: Path, fsync_parent: Callable[[Path], None] | None = None, *, done: bool = False
+) -> None:
+    """Make ``directory``'s own entry in its parent durable: fsync the parent, once per
+    process and directory (by inode, so a directory made again is fsynced again).
+
+    For a directory someone else created with a plain ``makedirs`` (a framework's output
+    directory): until its parent is fsynced, a power loss can take it, with everything
+    committed inside. ``done``: the caller has just fsynced the parent (it created the
+    directory); only remember it. A parent this process may not open (execute-only) is
+    left alone: its entry is then as durable as whoever made it left it.
+    ``fsync_parent`` defaults to :func:`fsync_dir` (looked up when called, so that the
+    testing recorder's hook sees it).
+    """
+    st = os.stat(directory)
+    key = (st.st_dev, st.st_ino)
+    with _DURABLE_ENTRIES_LOCK:
+        if key in _DURABLE_ENTRIES:
+            return
+    if not done:
+        with contextlib.suppress(PermissionError):
+            (fsync_parent or fsync_dir)(directory.parent)
+    with _DURABLE_ENTRIES_LOCK:
+        _DURABLE_ENTRIES.add(key)
 
 
 def _renameat2_or_raise(src: Path, dst: Path, flags: int) -> None:

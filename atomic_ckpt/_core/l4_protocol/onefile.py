@@ -84,9 +84,12 @@ def temp_name(name: str) -> str:
 
 def _ensure_parent(directory: Path, *, durable: bool) -> None:
     """Create ``directory`` if missing; each new directory's entry made durable in its parent."""
-    for created in _fs.makedirs(directory):
-        if durable:
-            _fs.fsync_dir(created.parent)
+    created = _fs.makedirs(directory)
+    if durable:
+        for made in created:
+            _fs.fsync_dir(made.parent)
+        if created:
+            _fs.fsync_entry_once(directory, done=True)
 
 
 def _raise_wrapped(exc: OSError, directory: Path) -> None:
@@ -104,9 +107,11 @@ def _discard(tmp: Path, exc: BaseException) -> None:
 
 
 def _fsync_directory(directory: Path, target: Path, what: str) -> None:
-    """Step 4: fsync ``directory`` after ``what`` was renamed into place as ``target``."""
+    """Step 4: fsync ``directory`` after ``what`` was renamed into place as ``target``
+    (and, once per process, its parent, for a directory someone else created)."""
     try:
         _fs.fsync_dir(directory)
+        _fs.fsync_entry_once(directory)
     except OSError as exc:
         raise NotDurableError(
             f"{what} {target} is in place, but fsync of {directory} failed ({exc}): it may "

@@ -86,10 +86,14 @@ class Root:
         return wrap_os_error(exc, self.path)
 
     def ensure(self) -> None:
-        """Create the root if it is missing, durably (the parent of each new directory)."""
+        """Create the root if it is missing, durably (the parent of each new directory);
+        a root someone else created gets its entry in its parent made durable, once."""
         try:
-            for created in _fs.makedirs(self.path):
-                self.sync.root(created.parent)
+            created = _fs.makedirs(self.path)
+            for directory in created:
+                self.sync.root(directory.parent)
+            if self.sync.durable:
+                _fs.fsync_entry_once(self.path, self.sync.root, done=bool(created))
         except FileExistsError:
             raise InvalidRootError(
                 f"checkpoint root {self.path} exists but is not a directory", path=self.path

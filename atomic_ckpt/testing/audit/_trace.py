@@ -372,6 +372,10 @@ class TraceRecorder(_Mirror):
         if self.inodes[inode].kind != "file":
             return
         data = bytes(call.data)
+        if call.ret is not None and 0 <= call.ret < len(data):
+            # A short write (a full disk, a file size limit): the kernel wrote the first
+            # ``ret`` bytes of the buffers, while strace dumps the buffers whole.
+            data = data[: call.ret]
         if len(data) != call.ret:
             self.unseen.setdefault(
                 opened.path, f"{call.name} wrote {call.ret} bytes, the trace shows {len(data)}"

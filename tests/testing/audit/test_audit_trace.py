@@ -174,3 +174,42 @@ def test_a_write_by_a_process_outside_the_trace_is_refused(tmp_path: Path) -> No
         helper.wait(timeout=60)
     assert info.value.paths == ["foreign.bin"]
     assert "never made it" in str(info.value)
+
+
+SHORT_WRITES = """\
+# A disk that fills up mid-save: writes cut short at the file size limit (EFBIG after).
+import os, resource, sys
+root = sys.argv[1]
+os.makedirs(root)
+fd = os.open(os.path.join(root, "model.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+assert os.writev(fd, [b"a" * 600, b"b" * 600]) == 1000      # short: 400 bytes not written
+os.lseek(fd, 900, os.SEEK_SET)
+assert os.write(fd, b"c" * 300) == 100                        # short again
+try:
+    os.write(fd, b"d")
+except OSError:                                               # EFBIG (SIGXFSZ is ignored)
+    pass
+os.close(fd)
+"""
+
+
+def test_short_writes_replay_as_the_bytes_the_kernel_wrote(tmp_path: Path) -> None:
+    """A write or writev cut short (a full disk, a file size limit) wrote only the first
+    bytes its return value counts: the replay gives the tree the run left, no refusal."""
+    root = tmp_path / "ckpts"
+    final = b"a" * 600 + b"b" * 300 + b"c" * 100
+
+    def written_so_far(path: Path) -> None:
+        data = (path / "model.bin").read_bytes() if (path / "model.bin").exists() else b""
+        versions = (b"a" * 600 + b"b" * 400, final)  # never the 1200 bytes writev was given
+        assert any(v.startswith(data) for v in versions), f"{len(data)} bytes"
+
+    report = audit(
+        [*script(tmp_path, "short.py", SHORT_WRITES), str(root)],
+        written_so_far,
+        root=root,
+        models=["kill"],
+    )
+    assert report.ok, report.render()
+    assert report.checked >= 3
