@@ -105,14 +105,26 @@ def promote(root: Root, name: str, step: int) -> Checkpoint:
     aliases = [p.name for p in _delete.aliases_of(root, {named.path.name})]
     # Carried entries keep their checksums: the step's manifest uses the same algorithm.
     root = dataclasses.replace(root, checksum=named.manifest.checksum)
-    commit = _commit.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
+    base = Checkpoint(step, named.path, named.manifest)
+    pin = _amend.Pinned.of(base, "promoted")
     try:
-        base = Checkpoint(step, named.path, named.manifest)
-        ckpt = commit.publish(files=_amend.carry_over(root, base, commit.path, [], set()))
-    except BaseException as exc:
-        commit.abort(exc)
-        raise
-    with root.locked():
-        moved = _delete.move_aside(root, [named.path])
+        commit = _commit.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
+        try:
+            files = _amend.carry_over(root, base, commit.path, [], set(), pin=pin)
+            # The named checkpoint must still be the version carried when the step appears.
+            commit._precondition = pin.check
+            ckpt = commit.publish(files=files)
+        except BaseException as exc:
+            commit.abort(exc)
+            raise
+        with root.locked():
+            try:
+                pin.check()
+            except (StepConflictError, CheckpointNotFoundError):
+                moved = []  # committed again (or removed) since: a newer save, kept
+            else:
+                moved = _delete.move_aside(root, [named.path])
+    finally:
+        pin.close()
     _delete.remove_moved(root, moved)
     return ckpt
