@@ -2,7 +2,10 @@
 
 Committed with the same protocol as a step (staging, fsync, marker, rename),
 their manifest records no step, and the scanner never counts them:
-``latest()`` and ``steps()`` see numbered checkpoints only. ``promote``
+``latest()`` and ``steps()`` see numbered checkpoints only. A directory is complete
+only under the name its manifest records: a named checkpoint moved by hand to a
+step's name is not a complete step, and a step moved to a name is not a named
+checkpoint (a hand copy cut short would otherwise look complete). ``promote``
 turns one into a step atomically: its manifest is rewritten to record the
 step (durably, in place), then it is renamed to the step's name (exchanged
 with an existing step where the filesystem can, so that step is never missing).
@@ -19,7 +22,7 @@ from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, StepConfl
 from atomic_ckpt._core.l1_names.names import BEST_LINK, MARKER, ROOT_LOCK, TMP_INFIX, fits
 from atomic_ckpt._core.l1_names.names import parse_step as _parse_step
 from atomic_ckpt._core.l3_formats.manifest import Manifest
-from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
+from atomic_ckpt._core.l3_formats.read import Checkpoint, moved_by_hand, read_marker
 from atomic_ckpt._core.l4_protocol import amend as _amend
 from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
@@ -66,6 +69,11 @@ def get(root: Root, name: str) -> NamedCheckpoint:
     if manifest is None:
         raise CheckpointNotFoundError(
             f"no complete named checkpoint {name!r} in {root.path}", path=path
+        )
+    if not manifest.legacy and manifest.step is not None:
+        raise CheckpointNotFoundError(
+            f"{path} is not a complete named checkpoint: {moved_by_hand(manifest, None)}",
+            path=path,
         )
     return NamedCheckpoint(name, path, manifest)
 
