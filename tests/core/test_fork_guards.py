@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,59 @@ def test_a_child_forked_inside_atomic_write_never_touches_the_parents_file(
     os.close(read)
     assert target.read_bytes() == b"the parent's whole file"
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]
+
+
+# ================================================================ links swapped in (item 2's kin)
+
+
+def test_remove_tree_never_follows_a_directory_swapped_for_a_link_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subdirectory replaced by a symlink to elsewhere between the listing of its parent
+    and the descent into it: remove_tree removes the link, never the files it points to."""
+    from treeutil import write
+
+    from atomic_ckpt._core.l2_syscalls import fs as _fs
+
+    victim = tmp_path / "old-copy"
+    write(victim, {"model.bin": b"m", "shards/a.bin": b"a"})
+    elsewhere = tmp_path / "elsewhere"
+    write(elsewhere, {"a.bin": b"precious"})
+    real_scandir = os.scandir
+    swapped: list[bool] = []
+
+    class SwapAfterListing:
+        """The top directory's listing; once it is read, shards/ becomes a link."""
+
+        def __init__(self, it: Any) -> None:
+            self._it = it
+
+        def __enter__(self) -> Any:
+            self._it.__enter__()
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._it.__exit__(*exc)
+            if not swapped:
+                os.rename(victim / "shards", tmp_path / "shards-moved")
+                os.symlink(elsewhere, victim / "shards")
+                swapped.append(True)
+
+        def __iter__(self) -> Any:
+            return iter(self._it)
+
+    def scandir(path: Any = ".") -> Any:
+        it = real_scandir(path)
+        return SwapAfterListing(it) if not swapped else it
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    try:
+        _fs.remove_tree(victim)
+    except OSError:
+        pass  # what it could not remove is not its business; following the link would be
+    monkeypatch.undo()
+    assert swapped == [True]  # the race was staged
+    assert (elsewhere / "a.bin").read_bytes() == b"precious"
+    assert not (victim / "shards").is_symlink() or os.readlink(victim / "shards") == str(
+        elsewhere
+    )

@@ -205,3 +205,22 @@ def test_every_manifest_written_reads_back(ckpts: CheckpointDir) -> None:
     names = ["é.bin", "...", ".hidden", "a b", "line\nbreak", "日本"]
     m = Manifest(step=1, files=[FileEntry(n, "file", size=1) for n in sorted(names)])
     assert Manifest.from_bytes(m.to_bytes()).files == m.files
+
+
+def test_a_manifest_larger_than_the_reader_reads_is_never_written(
+    ckpts: CheckpointDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More entries than a marker may hold (MAX_MARKER_BYTES, which the reader refuses
+    beyond): ManifestError saying so, and nothing committed. (The limit is lowered here:
+    reaching 256 MiB takes millions of files.)"""
+    from atomic_ckpt._core.l3_formats import manifest as _manifest
+    from atomic_ckpt._core.l3_formats import read as _read
+
+    monkeypatch.setattr(_manifest, "MAX_MARKER_BYTES", 2000)
+    monkeypatch.setattr(_read, "MAX_MARKER_BYTES", 2000)
+    with pytest.raises(ManifestError, match="2000"):
+        save(ckpts, 1, {f"f{i:03}.bin": b"x" for i in range(100)}, lambda _: None)
+    assert ckpts.steps() == []
+    assert leftovers(ckpts.root) == []
+    save(ckpts, 1, {"one.bin": b"x"}, lambda _: None)  # below the limit: read back
+    assert ckpts.verify(1).manifest.file_count == 1

@@ -432,7 +432,10 @@ def remove_tree(path: Path) -> None:
     """Remove a directory tree without following symlinks; a missing path is fine.
 
     The marker goes first, so a tree interrupted halfway never looks complete.
-    Iterative, so a legally deep tree (thousands of levels) is removed too.
+    Iterative, so a legally deep tree (thousands of levels) is removed too. Each
+    directory is opened without following a link and checked to be the one its parent
+    listed before anything in it is removed (through that descriptor): a directory
+    replaced by a symlink meanwhile has the link removed, never what it points to.
     """
     try:
         st = os.lstat(path)
@@ -443,23 +446,38 @@ def remove_tree(path: Path) -> None:
         return
     with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
         os.unlink(path / MARKER)
-    # Depth first, children before their parent: (directory, its children are gone).
-    stack: list[tuple[str, bool]] = [(os.fspath(path), False)]
+    # Depth first, children before their parent: (directory, what its parent listed,
+    # its children are gone).
+    stack: list[tuple[str, os.stat_result, bool]] = [(os.fspath(path), st, False)]
     while stack:
-        directory, emptied = stack.pop()
+        directory, listed, emptied = stack.pop()
         if emptied:
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(directory)
             continue
-        stack.append((directory, True))
         try:
-            it = os.scandir(directory)
+            fd = os.open(directory, _DIR_FLAGS)
         except FileNotFoundError:
             continue
-        with it:
-            for entry in it:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((entry.path, False))
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory)  # it became a link or a file: removed, never followed
+            continue
+        try:
+            if not os.path.samestat(os.fstat(fd), listed):  # swapped for another directory
+                raise OSError(
+                    errno.ESTALE, "replaced by another directory while it was removed", directory
+                )
+            stack.append((directory, listed, True))
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        child = entry.stat(follow_symlinks=False)
+                        stack.append((os.path.join(directory, entry.name), child, False))
+                    else:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry.name, dir_fd=fd)
+        finally:
+            os.close(fd)

@@ -200,7 +200,8 @@ class Manifest:
 
         Never a marker its own reader refuses: a path the reader would reject (not
         valid UTF-8, absolute, not normalized, climbing out) is a ManifestError
-        naming it, whoever built the entries (a walk refuses such names earlier).
+        naming it, whoever built the entries (a walk refuses such names earlier), and
+        so is a marker larger than :data:`MAX_MARKER_BYTES`.
         """
         files = self.files
         _check_paths(files)
@@ -233,6 +234,12 @@ class Manifest:
             raise ValueError(
                 f"the manifest header would be {len(line)} bytes, more than a marker's "
                 f"{MAX_HEADER_BYTES}: the metadata is too large"
+            )
+        if len(line) + len(body) > MAX_MARKER_BYTES:
+            raise ManifestError(
+                f"the manifest of {len(files)} entries would be {len(line) + len(body)} "
+                f"bytes, more than a marker may be ({MAX_MARKER_BYTES}, the most its reader "
+                "reads): commit fewer files (pack small ones into archives or shards)"
             )
         return line + body
 
