@@ -352,3 +352,42 @@ def test_staging_is_the_outer_commit_once_a_nested_commit_of_the_step_ends(
     assert ckpts.staging(5) == outer.path
     outer.abort()
     assert ckpts.staging(5) is None
+
+
+def test_a_metadata_amend_of_a_step_deleted_meanwhile_is_checkpoint_not_found(
+    ckpts: CheckpointDir,
+) -> None:
+    """The metadata-only path says the same as the other: deleted, nothing written."""
+    committed(ckpts, 3, OLD)
+    another = CheckpointDir(ckpts.root)
+
+    def delete_meanwhile() -> None:
+        with ckpts.amend(3, metadata={"a": 1}):
+            another.delete(3)
+
+    with pytest.raises(CheckpointNotFoundError, match="deleted"):
+        delete_meanwhile()
+    assert not os.path.lexists(ckpts.path_of(3))
+
+
+def test_a_metadata_amend_never_writes_through_a_step_replaced_by_a_link(
+    ckpts: CheckpointDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step swapped for a symlink to (a copy of) itself before the marker is rewritten:
+    the amend refuses (StepConflictError), and the marker behind the link is not rewritten."""
+    committed(ckpts, 3, OLD)
+    copy = tmp_path / "copy"
+    real = _amend._rewrite_marker
+    swapped: list[bytes] = []
+
+    def swap_then_rewrite(*args: Any) -> None:
+        os.rename(ckpts.path_of(3), copy)
+        os.symlink(copy, ckpts.path_of(3))
+        swapped.append((copy / "checkpoint_complete").read_bytes())
+        real(*args)
+
+    monkeypatch.setattr(_amend, "_rewrite_marker", swap_then_rewrite)
+    with pytest.raises(StepConflictError), ckpts.amend(3, metadata={"a": 1}):
+        pass
+    assert len(swapped) == 1
+    assert (copy / "checkpoint_complete").read_bytes() == swapped[0]

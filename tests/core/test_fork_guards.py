@@ -4,6 +4,7 @@ normal exit nor an exception there touches the parent's temporary file or target
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -103,10 +104,8 @@ def test_remove_tree_never_follows_a_directory_swapped_for_a_link_meanwhile(
         return SwapAfterListing(it) if not swapped else it
 
     monkeypatch.setattr(os, "scandir", scandir)
-    try:
+    with contextlib.suppress(OSError):  # leaving something is not the failure here
         _fs.remove_tree(victim)
-    except OSError:
-        pass  # what it could not remove is not its business; following the link would be
     monkeypatch.undo()
     assert swapped == [True]  # the race was staged
     assert (elsewhere / "a.bin").read_bytes() == b"precious"

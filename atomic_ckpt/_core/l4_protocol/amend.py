@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import os
 import posixpath
+import stat
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
@@ -276,8 +277,9 @@ def _carry(base: Checkpoint, entry: FileEntry, target: Path, pin: Pinned) -> boo
 def _rewrite_marker(root: Root, base: Checkpoint, metadata: dict[str, Any]) -> None:
     """Replace ``base``'s marker by one with ``metadata``, atomically and durably.
 
-    Under the root lock, and only if the checkpoint is still the one amended
-    (else a concurrent commit won: StepConflictError, nothing written).
+    Under the root lock, and only if the checkpoint is still the one amended (else a
+    concurrent commit won: StepConflictError; or it was deleted: CheckpointNotFoundError;
+    nothing written).
     """
     old = base.manifest
     manifest = Manifest(
@@ -289,7 +291,16 @@ def _rewrite_marker(root: Root, base: Checkpoint, metadata: dict[str, Any]) -> N
         metadata=metadata,
     )
     with root.locked():
-        now = classify(base.path, base.step) if base.path.is_dir() else None
+        try:
+            st = os.lstat(base.path)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"{base.path} was deleted while it was being amended; nothing was committed",
+                path=base.path,
+                step=base.step,
+            ) from None
+        # Never through a link: a step replaced by a symlink is not the one amended.
+        now = classify(base.path, base.step) if stat.S_ISDIR(st.st_mode) else None
         if now is None or now.manifest != old:
             raise StepConflictError(
                 f"{base.path} changed while it was being amended; amend it again",
