@@ -109,6 +109,4 @@ def test_remove_tree_never_follows_a_directory_swapped_for_a_link_meanwhile(
     monkeypatch.undo()
     assert swapped == [True]  # the race was staged
     assert (elsewhere / "a.bin").read_bytes() == b"precious"
-    assert not (victim / "shards").is_symlink() or os.readlink(victim / "shards") == str(
-        elsewhere
-    )
+    assert not (victim / "shards").is_symlink() or os.readlink(victim / "shards") == str(elsewhere)
