@@ -37,7 +37,7 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER_TMP_PREFIX, is_marker_name, new_token
+from atomic_ckpt._core.l1_names.names import MARKER, MARKER_TMP_PREFIX, is_marker_name, new_token
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
@@ -117,13 +117,16 @@ class Pinned:
     what an amend or a promotion carries files from, and checks is still in place.
 
     The descriptor pins the directory's identity (its inode cannot be reused while it is
-    open), so :meth:`check` tells the version read from any later one.
+    open), and the marker's identity is noted once its contents were found to be the
+    manifest read, so :meth:`check` (run under the root lock) tells that version from
+    any later one without reading the marker again.
     """
 
     def __init__(self, ckpt: Checkpoint, fd: int, verb: str) -> None:
         self.ckpt = ckpt
         self.fd = fd
         self._verb = verb
+        self._marker: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, ckpt: Checkpoint, verb: str) -> Pinned:
@@ -136,7 +139,17 @@ class Pinned:
         try:
             if fd < 0:
                 raise pinned._gone()
-            pinned.check()  # the directory opened is the one whose manifest was read
+            # The directory opened and its marker are the ones whose manifest was read:
+            # the marker's identity before and after its contents are compared.
+            before = pinned._marker_now()
+            pinned._require_same_dir()
+            try:
+                same = read_marker(ckpt.path) == ckpt.manifest
+            except (ManifestError, OSError):
+                same = False
+            if not same or before is None or pinned._marker_now() != before:
+                raise pinned._conflict()
+            pinned._marker = before
         except BaseException:
             pinned.close()
             raise
@@ -144,24 +157,35 @@ class Pinned:
 
     def check(self) -> None:
         """Raise unless the checkpoint's name still holds the pinned directory with the
-        manifest read: CheckpointNotFoundError if it is gone, StepConflictError if it
-        was replaced (another commit) or its marker rewritten (another amend)."""
-        path = self.ckpt.path
+        marker read: CheckpointNotFoundError if it is gone, StepConflictError if it was
+        replaced (another commit) or its marker rewritten (another amend)."""
+        self._require_same_dir()
+        if self._marker_now() != self._marker:
+            raise self._conflict()
+
+    def _require_same_dir(self) -> None:
         try:
-            st = os.lstat(path)
+            st = os.lstat(self.ckpt.path)
         except FileNotFoundError:
             raise self._gone() from None
+        if not os.path.samestat(st, os.fstat(self.fd)):
+            raise self._conflict()
+
+    def _marker_now(self) -> tuple[int, ...] | None:
+        """The marker's identity: inode, size, and the times a rewrite changes."""
         try:
-            now = read_marker(path) if os.path.samestat(st, os.fstat(self.fd)) else None
-        except (ManifestError, OSError):
-            now = None
-        if now != self.ckpt.manifest:
-            raise StepConflictError(
-                f"{path} was replaced or changed (by another commit or amend) while it was "
-                f"being {self._verb}; nothing was committed: look it up again and retry",
-                path=path,
-                step=self.ckpt.manifest.step,
-            )
+            st = os.stat(MARKER, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _conflict(self) -> StepConflictError:
+        return StepConflictError(
+            f"{self.ckpt.path} was replaced or changed (by another commit or amend) while "
+            f"it was being {self._verb}; nothing was committed: look it up again and retry",
+            path=self.ckpt.path,
+            step=self.ckpt.manifest.step,
+        )
 
     def _gone(self) -> CheckpointNotFoundError:
         return CheckpointNotFoundError(
