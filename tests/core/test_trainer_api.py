@@ -571,14 +571,35 @@ def test_promote_named_of_a_missing_name_is_checkpoint_not_found(ckpts: Checkpoi
     assert contents(ckpts.verify(3).path) == OLD
 
 
-def test_a_named_checkpoint_moved_by_hand_is_a_step_that_verifies(ckpts: CheckpointDir) -> None:
-    """`mv interrupted 5` (the old instructions): its manifest records no step, so the
-    scanner and verify() both accept it as step 5."""
+def test_a_named_checkpoint_moved_by_hand_is_not_a_complete_step(ckpts: CheckpointDir) -> None:
+    """`mv interrupted 5`: its manifest records no step, so, like `mv 5 6`, the scanner and
+    verify() agree that 5 is not complete, and say to move it back and promote it."""
     with ckpts.commit_named("interrupted") as path:
         write(path, {"model.bin": b"mid"})
     os.rename(ckpts.root / "interrupted", ckpts.root / "5")
-    assert ckpts.latest() == ckpts.get(5)
-    assert ckpts.verify(5).step == 5
+    assert ckpts.steps() == []
+    assert ckpts.latest() is None
+    (entry,) = ckpts.entries()
+    assert entry.status == "invalid"
+    assert entry.problem is not None
+    assert "records no step" in entry.problem
+    assert "promote_named" in entry.problem
+    with pytest.raises(CheckpointNotFoundError, match="promote_named"):
+        ckpts.verify(5)
+    os.rename(ckpts.root / "5", ckpts.root / "interrupted")  # what the message says
+    assert ckpts.verify(ckpts.promote_named("interrupted", 5).step).step == 5
+
+
+def test_a_step_moved_by_hand_to_a_name_is_not_a_named_checkpoint(ckpts: CheckpointDir) -> None:
+    """`mv 5 interrupted`: its manifest records step 5, so it is not a complete named
+    checkpoint (a hand copy cut short would look complete otherwise); the message says so."""
+    committed(ckpts, 5, OLD)
+    os.rename(ckpts.path_of(5), ckpts.root / "interrupted")
+    assert ckpts.named() == []
+    with pytest.raises(CheckpointNotFoundError, match="records step 5"):
+        ckpts.get_named("interrupted")
+    with pytest.raises(CheckpointNotFoundError, match="records step 5"):
+        ckpts.promote_named("interrupted", 6)
 
 
 def test_a_step_whose_manifest_records_another_step_is_not_complete(

@@ -60,7 +60,9 @@ class StagingLostError(CheckpointError, FileNotFoundError):
 
 
 class ManifestError(CheckpointError, ValueError):
-    """A marker that is not a valid manifest, or a manifest with unsafe paths."""
+    """A marker that is not a valid manifest, or a manifest with unsafe paths; when
+    committing, an entry no manifest can record (a FIFO, socket or device, a name that
+    is not valid UTF-8), or a manifest naming a checksum algorithm this Python lacks."""
 
 
 class VerificationError(CheckpointError, OSError):

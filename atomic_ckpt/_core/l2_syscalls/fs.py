@@ -32,6 +32,7 @@ from atomic_ckpt._core.l1_names.names import MARKER
 
 __all__ = [
     "EXCHANGE_UNSUPPORTED",
+    "NotRegularFileError",
     "fsync_dir",
     "fsync_entry_once",
     "fsync_fd",
@@ -39,6 +40,7 @@ __all__ = [
     "link_or_copy",
     "makedirs",
     "mkdir",
+    "open_dir",
     "remove_tree",
     "rename",
     "rename_exchange",
@@ -324,31 +326,93 @@ def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool)
 _NO_LINK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
 """errnos meaning "this filesystem (or this file) cannot take another hard link"."""
 
+_DIR_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
-def link_or_copy(src: Path, dst: Path) -> bool:
+
+class NotRegularFileError(OSError):
+    """An entry that must be a regular file is something else (a symlink, a FIFO, a
+    directory...), or was swapped for another file while it was being linked."""
+
+
+def open_dir(path: str | os.PathLike[str]) -> int:
+    """Open the directory ``path`` (never through a symlink at its last component) for
+    the ``*_at`` calls below; the caller closes the descriptor.
+
+    Holding it pins the directory's identity: its inode cannot be reused while it is open.
+    """
+    return os.open(path, _DIR_FLAGS)
+
+
+def _open_parent(top_fd: int, parts: list[str]) -> int:
+    """The directory ``parts`` below ``top_fd``, opened one component at a time, never
+    following a symlink (OSError ELOOP or ENOTDIR if a component is a link or a file)."""
+    fd = os.dup(top_fd)
+    try:
+        for part in parts:
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, f"{part!r} is not a name inside the tree")
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def link_or_copy(src: Path, dst: Path, *, top: Path, top_fd: int) -> bool:
     """Make ``dst`` a hard link to the regular file ``src``, or a copy where the
     filesystem refuses links; True if it had to copy (the copy is not fsynced here).
 
-    Never follows a symlink at ``src``.
+    ``src`` lies below the directory ``top``, open as ``top_fd`` (:func:`open_dir`): its
+    path is walked from that descriptor one component at a time and no symlink on it is
+    ever followed (PROTOCOL.md: a link found inside a checkpoint is never followed), so
+    a directory of the tree replaced by a link to elsewhere raises OSError (ELOOP or
+    ENOTDIR) instead of bringing in a file from outside. :class:`NotRegularFileError`
+    if ``src`` is not a regular file, or was swapped while it was being linked (the
+    link made is removed again).
     """
+    parts = src.relative_to(top).parts
+    if not parts:
+        raise NotRegularFileError(errno.EISDIR, "not a file below the tree", str(src))
+    parent = _open_parent(top_fd, list(parts[:-1]))
+    name = parts[-1]
     try:
-        os.link(src, dst, follow_symlinks=False)
-        return False
-    except OSError as exc:
-        if exc.errno not in _NO_LINK:
-            raise
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd_in = os.open(src, flags)
-    try:
-        fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(src))
         try:
-            while os.sendfile(fd_out, fd_in, None, 1 << 30):
-                pass
+            os.link(name, dst, src_dir_fd=parent, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                raise
+        else:
+            if not os.path.samestat(os.lstat(dst), st):  # swapped between stat and link
+                os.unlink(dst)
+                raise NotRegularFileError(errno.EAGAIN, "replaced while linked", str(src))
+            return False
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+        fd_in = os.open(name, flags, dir_fd=parent)
+        try:
+            if not os.path.samestat(os.fstat(fd_in), st):
+                raise NotRegularFileError(errno.EAGAIN, "replaced while copied", str(src))
+            out_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd_out = os.open(dst, out_flags, 0o666)
+            try:
+                while os.sendfile(fd_out, fd_in, None, 1 << 30):
+                    pass
+            finally:
+                os.close(fd_out)
         finally:
-            os.close(fd_out)
+            os.close(fd_in)
+        return True
     finally:
-        os.close(fd_in)
-    return True
+        os.close(parent)
 
 
 def mkdir(path: Path) -> None:
@@ -401,7 +465,10 @@ def remove_tree(path: Path) -> None:
     """Remove a directory tree without following symlinks; a missing path is fine.
 
     The marker goes first, so a tree interrupted halfway never looks complete.
-    Iterative, so a legally deep tree (thousands of levels) is removed too.
+    Iterative, so a legally deep tree (thousands of levels) is removed too. Each
+    directory is opened without following a link and checked to be the one its parent
+    listed before anything in it is removed (through that descriptor): a directory
+    replaced by a symlink meanwhile has the link removed, never what it points to.
     """
     try:
         st = os.lstat(path)
@@ -412,23 +479,38 @@ def remove_tree(path: Path) -> None:
         return
     with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
         os.unlink(path / MARKER)
-    # Depth first, children before their parent: (directory, its children are gone).
-    stack: list[tuple[str, bool]] = [(os.fspath(path), False)]
+    # Depth first, children before their parent: (directory, what its parent listed,
+    # its children are gone).
+    stack: list[tuple[str, os.stat_result, bool]] = [(os.fspath(path), st, False)]
     while stack:
-        directory, emptied = stack.pop()
+        directory, listed, emptied = stack.pop()
         if emptied:
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(directory)
             continue
-        stack.append((directory, True))
         try:
-            it = os.scandir(directory)
+            fd = os.open(directory, _DIR_FLAGS)
         except FileNotFoundError:
             continue
-        with it:
-            for entry in it:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((entry.path, False))
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory)  # it became a link or a file: removed, never followed
+            continue
+        try:
+            if not os.path.samestat(os.fstat(fd), listed):  # swapped for another directory
+                raise OSError(
+                    errno.ESTALE, "replaced by another directory while it was removed", directory
+                )
+            stack.append((directory, listed, True))
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        child = entry.stat(follow_symlinks=False)
+                        stack.append((os.path.join(directory, entry.name), child, False))
+                    else:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry.name, dir_fd=fd)
+        finally:
+            os.close(fd)

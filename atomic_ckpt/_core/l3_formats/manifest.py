@@ -196,8 +196,15 @@ class Manifest:
     # ------------------------------------------------------------ bytes
 
     def to_bytes(self) -> bytes:
-        """The marker for this manifest, in the current format (version 2)."""
+        """The marker for this manifest, in the current format (version 2).
+
+        Never a marker its own reader refuses: a path the reader would reject (not
+        valid UTF-8, absolute, not normalized, climbing out) is a ManifestError
+        naming it, whoever built the entries (a walk refuses such names earlier), and
+        so is a marker larger than :data:`MAX_MARKER_BYTES`.
+        """
         files = self.files
+        _check_paths(files)
         items = json.dumps([e._compact() for e in files], separators=(",", ":"))
         # One entry a line: a '{"' outside a string only starts an entry (inside a
         # JSON string every quote is escaped), so this split is exact.
@@ -228,6 +235,12 @@ class Manifest:
                 f"the manifest header would be {len(line)} bytes, more than a marker's "
                 f"{MAX_HEADER_BYTES}: the metadata is too large"
             )
+        if len(line) + len(body) > MAX_MARKER_BYTES:
+            raise ManifestError(
+                f"the manifest of {len(files)} entries would be {len(line) + len(body)} "
+                f"bytes, more than a marker may be ({MAX_MARKER_BYTES}, the most its reader "
+                "reads): commit fewer files (pack small ones into archives or shards)"
+            )
         return line + body
 
     @classmethod
@@ -246,6 +259,33 @@ class Manifest:
             return cls(step=None, legacy=True)
         fields, files = _parse.parse_whole(data)
         return cls(files=files, **fields)
+
+
+def _check_paths(files: tuple[FileEntry, ...]) -> None:
+    """What the reader's :func:`~.parse.check_relative` checks, over all paths at once (a
+    few C-level passes; one call per path only to name the culprit)."""
+    joined = "\0".join(e.path for e in files)
+    try:
+        joined.encode("utf-8")
+        # Every component between separators (NUL between paths, / inside one): none
+        # empty, "." or ".."; and no NUL inside a path.
+        parts = "\0" + joined.replace("/", "\0") + "\0"
+        clean = joined.count("\0") == max(len(files) - 1, 0) and not (
+            files and ("\0\0" in parts or "\0.\0" in parts or "\0..\0" in parts)
+        )
+    except UnicodeEncodeError:
+        clean = False
+    if clean:
+        return
+    for entry in files:
+        try:
+            _parse.check_relative(entry.path)
+        except ManifestError as exc:
+            raise ManifestError(
+                f"cannot write a manifest recording {entry.path!r}: {exc}", path=entry.path
+            ) from None
+        if entry.path == "":  # pragma: no cover - check_relative refuses it
+            raise ManifestError("cannot write a manifest recording an empty path")
 
 
 _FIELD_NAMES = ("step", "created", "library_version", "checksum", "metadata", "legacy")

@@ -186,18 +186,32 @@ def classify(path: Path, step: int, *, body: bool = True) -> Entry:
         return Entry(path.name, path, step, "invalid", problem=f"cannot read marker: {exc}")
     if manifest is None:
         return Entry(path.name, path, step, "unmarked")
-    if manifest.step is not None and manifest.step != step:
-        # Moved or copied here by hand: not what was committed as this step. (A named
-        # checkpoint records no step; promote_named() is the supported move.)
-        return Entry(
-            path.name,
-            path,
-            step,
-            "invalid",
-            problem=f"its manifest records step {manifest.step}: it was moved or copied "
-            f"here by hand; move it back, or commit it again as step {step}",
-        )
+    if not manifest.legacy and manifest.step != step:
+        # Moved or copied here by hand: not what was committed as this step. A hand copy
+        # cut short may hold the marker and only some files, so only a manifest recording
+        # this very step makes it complete (an empty legacy marker records nothing).
+        return Entry(path.name, path, step, "invalid", problem=moved_by_hand(manifest, step))
     return Entry(path.name, path, step, "complete", manifest=manifest)
+
+
+def moved_by_hand(manifest: Manifest, step: int | None) -> str:
+    """Why a directory whose manifest records ``manifest.step`` is not complete as ``step``
+    (None: as a named checkpoint), and what to do."""
+    if manifest.step is None:
+        return (
+            "its manifest records no step: it is a named checkpoint moved or copied here "
+            "by hand; move it back to its name and use promote_named(), which makes it "
+            f"step {step} atomically"
+        )
+    if step is None:
+        return (
+            f"its manifest records step {manifest.step}: it is a step moved or copied here "
+            f"by hand; move it back to step {manifest.step}, or commit it again under a name"
+        )
+    return (
+        f"its manifest records step {manifest.step}: it was moved or copied here by hand; "
+        f"move it back, or commit it again as step {step}"
+    )
 
 
 # ---------------------------------------------------------------- a root

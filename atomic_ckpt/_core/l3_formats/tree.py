@@ -5,12 +5,17 @@ let the disk work on many files' writeback at once, and a checksum of one file
 is computed while another (or the same one) is being flushed. Symlinks are
 recorded, never followed, opened, fsynced or hashed. The walk is iterative, so
 a legally deep tree is walked like any other.
+
+A tree that a manifest cannot record is refused before anything is hashed
+(:class:`~atomic_ckpt.ManifestError` naming the entry): a FIFO, socket or device
+(nothing to checksum or carry over, and left out of the manifest it would make
+the checkpoint fail its own ``verify``), or a name that is not valid UTF-8 (the
+manifest is JSON text: its reader refuses such a path).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import posixpath
 import queue
@@ -21,13 +26,13 @@ from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from atomic_ckpt._core.l1_names.errors import ManifestError
 from atomic_ckpt._core.l2_syscalls.checksums import checksum_file
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
 
 if TYPE_CHECKING:  # at run time this module imports nothing that writes: _read uses it
     from atomic_ckpt._core.l2_syscalls.sync import SyncPolicy
 
-log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 32
 """Threads for fsync and hashing. fsync blocks in the kernel without the GIL, so
@@ -62,6 +67,38 @@ def walk(
             if entry.is_dir(follow_symlinks=False):
                 subdirs.append((entry.path, f"{path}/"))
         stack.extend(reversed(subdirs))
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def check_recordable(rel: str, path: str | os.PathLike[str], mode: int) -> None:
+    """Refuse an entry a manifest cannot record: ManifestError naming it and saying what
+    to do. A checkpoint holds regular files, directories and symlinks, under names that
+    are valid UTF-8 (the manifest is JSON text; its reader refuses any other path)."""
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a file, directory or symlink")
+        raise ManifestError(
+            f"{os.fsdecode(path)!r} is {kind}: a checkpoint holds regular files, "
+            "directories and symlinks only, and a manifest cannot record it (its "
+            "checkpoint would then fail verify()). Remove it or create it elsewhere, "
+            "then commit again",
+            path=Path(path),
+        )
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ManifestError(
+            f"{os.fsencode(path)!r}: this name is not valid UTF-8, and a manifest (JSON "
+            "text) cannot record it. Rename it (e.g. from its bytes decoded as Latin-1), "
+            "then commit again",
+            path=Path(path),
+        ) from None
 
 
 def sync_tree(
@@ -100,14 +137,13 @@ def sync_tree(
     links: list[FileEntry] = []
     for rel, entry in walk(top, skip):
         st = entry.stat(follow_symlinks=False)
+        check_recordable(rel, entry.path, st.st_mode)
         if stat.S_ISREG(st.st_mode):
             files.append((rel, Path(entry.path), st.st_size))
         elif stat.S_ISDIR(st.st_mode):
             dirs.append((rel, Path(entry.path)))
-        elif stat.S_ISLNK(st.st_mode):
-            links.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
         else:
-            log.warning("%s is not a file, directory or symlink; it is not recorded", entry.path)
+            links.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
     return _flush(
         files,
         dirs,
@@ -185,14 +221,13 @@ def list_tree(top: Path, skip: Callable[[str], bool] | None = None) -> list[File
     out: list[FileEntry] = []
     for rel, entry in walk(top, skip):
         st = entry.stat(follow_symlinks=False)
+        check_recordable(rel, entry.path, st.st_mode)
         if stat.S_ISREG(st.st_mode):
             out.append(FileEntry(rel, "file", size=st.st_size))
         elif stat.S_ISDIR(st.st_mode):
             out.append(FileEntry(rel, "dir"))
-        elif stat.S_ISLNK(st.st_mode):
-            out.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
         else:
-            log.warning("%s is not a file, directory or symlink; it is not recorded", entry.path)
+            out.append(FileEntry(rel, "symlink", target=os.readlink(entry.path)))
     out.sort(key=lambda e: e.path)
     return out
 
@@ -211,7 +246,8 @@ def sync_files(
     ``paths`` are relative POSIX paths below ``top``: a regular file is fsynced and
     hashed, a directory fsynced (its entries, not its contents), a symlink recorded.
     For a rank of a multi-rank commit, which flushes exactly what it wrote. Returns
-    their manifest entries sorted by path; a missing entry raises FileNotFoundError.
+    their manifest entries sorted by path; a missing entry raises FileNotFoundError, one a
+    manifest cannot record ManifestError (see :func:`check_recordable`).
     Like :func:`sync_tree`, the hashes are queued before the flushes; ``mapped`` as there.
     """
     files: list[tuple[str, Path, int]] = []
@@ -230,14 +266,13 @@ def sync_files(
         ):
             raise ValueError(f"{rel!r} is not an entry below {top} (absolute, '..' or a link)")
         st = os.lstat(path)
+        check_recordable(rel, path, st.st_mode)
         if stat.S_ISREG(st.st_mode):
             files.append((rel, path, st.st_size))
         elif stat.S_ISDIR(st.st_mode):
             dirs.append((rel, path))
-        elif stat.S_ISLNK(st.st_mode):
-            links.append(FileEntry(rel, "symlink", target=os.readlink(path)))
         else:
-            raise ValueError(f"{path} is not a file, directory or symlink")
+            links.append(FileEntry(rel, "symlink", target=os.readlink(path)))
     return _flush(
         files, dirs, links, policy=policy, checksum=checksum, workers=workers, mapped=mapped
     )

@@ -59,7 +59,7 @@ def verify(
             progress(0, 0)
         return {}
     found: list[tuple[Path, str]] = []  # (the path at fault, what is wrong)
-    if m.step is not None and m.step != ckpt.step:
+    if m.step != ckpt.step:  # (a legacy marker records nothing: it returned above)
         found.append(
             (ckpt.path, f"manifest records step {m.step}, but the directory is step {ckpt.step}")
         )

@@ -7,24 +7,42 @@ entries are reused: they are neither hashed nor fsynced again, since their data
 is already durable and the old copy disappears at the promotion, so nothing
 can write through the link into a live checkpoint. A metadata-only amend
 rewrites the marker in place instead: one small durable write, no tree walk.
+
+The committed version is pinned when the amend starts (its directory held open):
+the files are carried over from that directory, walked without following any
+link found inside it, and the promotion checks, under the root lock, that the
+step is still that version with that manifest. A concurrent commit, amend or
+delete of the step makes the amend fail (StepConflictError,
+CheckpointNotFoundError); it never publishes one version's files under another's
+manifest. Only the process that began an amend can end it: a child forked
+inside the block that leaves it normally gets CommitStateError and changes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import posixpath
+import stat
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
-from atomic_ckpt._core.l1_names.errors import StepConflictError
-from atomic_ckpt._core.l1_names.names import MARKER_TMP_PREFIX, is_marker_name, new_token
+from atomic_ckpt._core.l1_names.errors import (
+    CheckpointNotFoundError,
+    CommitStateError,
+    ManifestError,
+    StepConflictError,
+    VerificationError,
+)
+from atomic_ckpt._core.l1_names.names import MARKER, MARKER_TMP_PREFIX, is_marker_name, new_token
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
-from atomic_ckpt._core.l3_formats.read import Checkpoint, classify
-from atomic_ckpt._core.l3_formats.tree import sync_tree
+from atomic_ckpt._core.l3_formats.read import Checkpoint, classify, read_marker
+from atomic_ckpt._core.l3_formats.tree import sync_tree, walk
 from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
@@ -52,30 +70,152 @@ def amend(
             path=base.path,
             step=step,
         )
-    # Carried entries keep their checksums: hash the new files with the same algorithm.
-    root = dataclasses.replace(root, checksum=base.manifest.checksum)
-    commit = _commit.begin(root, step)
+    pid = os.getpid()
+    pin = Pinned.of(base, "amended")
     try:
-        yield commit.path
-        written = sync_tree(
-            commit.path,
-            policy=root.sync,
-            checksum=root.checksum,
-            workers=root.workers,
-            skip=is_marker_name,
+        # Carried entries keep their checksums: hash the new files with the same algorithm.
+        root = dataclasses.replace(root, checksum=base.manifest.checksum)
+        commit = _commit.begin(root, step)
+        try:
+            yield commit.path
+            if os.getpid() != pid:
+                raise CommitStateError(
+                    f"cannot end the amend of {base.path}: it belongs to process {pid}, and "
+                    f"this is process {os.getpid()} (forked inside the amend). Only the "
+                    "process that began an amend may end it; end a forked child with "
+                    "os._exit()",
+                    path=commit.path,
+                    step=step,
+                )
+            _require_algorithm(root, base, commit.path)
+            written = sync_tree(
+                commit.path,
+                policy=root.sync,
+                checksum=root.checksum,
+                workers=root.workers,
+                skip=is_marker_name,
+            )
+            merged = {**base.manifest.metadata, **extra}
+            if not written and not gone:
+                # Metadata only: the files stay where they are; only the marker changes.
+                commit.abort()
+                _rewrite_marker(root, base, merged)
+                return
+            commit.metadata = merged
+            carried = carry_over(root, base, commit.path, written, gone, pin=pin)
+            commit._precondition = pin.check  # under the lock, before the exchange
+            commit.publish(files=sorted([*written, *carried], key=lambda e: e.path))
+        except BaseException as exc:
+            commit.abort(exc)
+            raise
+    finally:
+        pin.close()
+
+
+class Pinned:
+    """A committed checkpoint's directory held open from the moment its manifest was read:
+    what an amend or a promotion carries files from, and checks is still in place.
+
+    The descriptor pins the directory's identity (its inode cannot be reused while it is
+    open), and the marker's identity is noted once its contents were found to be the
+    manifest read, so :meth:`check` (run under the root lock) tells that version from
+    any later one without reading the marker again.
+    """
+
+    def __init__(self, ckpt: Checkpoint, fd: int, verb: str) -> None:
+        self.ckpt = ckpt
+        self.fd = fd
+        self._verb = verb
+        self._marker: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, ckpt: Checkpoint, verb: str) -> Pinned:
+        """Pin ``ckpt`` (``verb``: what is done to it, for the messages: "amended")."""
+        try:
+            fd = _fs.open_dir(ckpt.path)
+        except OSError:
+            fd = -1
+        pinned = cls(ckpt, fd, verb)
+        try:
+            if fd < 0:
+                raise pinned._gone()
+            # The directory opened and its marker are the ones whose manifest was read:
+            # the marker's identity before and after its contents are compared.
+            before = pinned._marker_now()
+            pinned._require_same_dir()
+            try:
+                same = read_marker(ckpt.path) == ckpt.manifest
+            except (ManifestError, OSError):
+                same = False
+            if not same or before is None or pinned._marker_now() != before:
+                raise pinned._conflict()
+            pinned._marker = before
+        except BaseException:
+            pinned.close()
+            raise
+        return pinned
+
+    def check(self) -> None:
+        """Raise unless the checkpoint's name still holds the pinned directory with the
+        marker read: CheckpointNotFoundError if it is gone, StepConflictError if it was
+        replaced (another commit) or its marker rewritten (another amend)."""
+        self._require_same_dir()
+        if self._marker_now() != self._marker:
+            raise self._conflict()
+
+    def _require_same_dir(self) -> None:
+        try:
+            st = os.lstat(self.ckpt.path)
+        except FileNotFoundError:
+            raise self._gone() from None
+        if not os.path.samestat(st, os.fstat(self.fd)):
+            raise self._conflict()
+
+    def _marker_now(self) -> tuple[int, ...] | None:
+        """The marker's identity: inode, size, and the times a rewrite changes."""
+        try:
+            st = os.stat(MARKER, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _conflict(self) -> StepConflictError:
+        return StepConflictError(
+            f"{self.ckpt.path} was replaced or changed (by another commit or amend) while "
+            f"it was being {self._verb}; nothing was committed: look it up again and retry",
+            path=self.ckpt.path,
+            step=self.ckpt.manifest.step,
         )
-        merged = {**base.manifest.metadata, **extra}
-        if not written and not gone:
-            # Metadata only: the files stay where they are; only the marker changes.
-            commit.abort()
-            _rewrite_marker(root, base, merged)
-            return
-        commit.metadata = merged
-        carried = carry_over(root, base, commit.path, written, gone)
-        commit.publish(files=sorted([*written, *carried], key=lambda e: e.path))
-    except BaseException as exc:
-        commit.abort(exc)
-        raise
+
+    def _gone(self) -> CheckpointNotFoundError:
+        return CheckpointNotFoundError(
+            f"{self.ckpt.path} was deleted while it was being {self._verb}; nothing was committed",
+            path=self.ckpt.path,
+            step=self.ckpt.manifest.step,
+        )
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _require_algorithm(root: Root, base: Checkpoint, staging: Path) -> None:
+    """Files written in an amend are hashed with the manifest's algorithm: refuse, before
+    anything is hashed, if this Python does not have it (a bare KeyError otherwise)."""
+    algorithm = root.checksum
+    if algorithm is None or algorithm in CHECKSUMS:
+        return
+    if next(walk(staging, is_marker_name), None) is None:
+        return  # nothing to hash: removing files or changing metadata works
+    raise ManifestError(
+        f"{base.path}'s manifest records checksums of algorithm {algorithm!r}, which this "
+        f"Python does not have (it has {sorted(CHECKSUMS)}), so the files written in the "
+        "amend cannot be hashed alike. Install the package providing it, or commit the "
+        "step again. Nothing was changed",
+        path=base.path,
+        step=base.step,
+    )
 
 
 def _relative(path: str | os.PathLike[str]) -> str:
@@ -92,10 +232,22 @@ def _covered(rel: str, paths: Collection[str]) -> bool:
 
 
 def carry_over(
-    root: Root, base: Checkpoint, staging: Path, written: list[FileEntry], gone: set[str]
+    root: Root,
+    base: Checkpoint,
+    staging: Path,
+    written: list[FileEntry],
+    gone: set[str],
+    *,
+    pin: Pinned,
 ) -> list[FileEntry]:
     """Bring every entry of ``base`` that was neither written anew nor removed into
-    ``staging``; return their manifest entries (reused as recorded)."""
+    ``staging``; return their manifest entries (reused as recorded).
+
+    The files come from the pinned directory, never through a link found inside it.
+    A file that is missing, no longer a regular file, or reached through a link raises
+    :class:`VerificationError` (the checkpoint changed after its commit), or what
+    :meth:`Pinned.check` raises if the checkpoint was replaced or deleted meanwhile.
+    """
     new_files = {e.path for e in written if e.type != "dir"}
     out: list[FileEntry] = []
     for entry in base.manifest.files:  # sorted by path: parents before children
@@ -108,7 +260,7 @@ def carry_over(
             _fs.mkdir(target)
         elif entry.type == "symlink":
             _fs.symlink(entry.target or "", target)
-        elif _fs.link_or_copy(base.path / entry.path, target):
+        elif _carry(base, entry, target, pin):
             root.sync.file(target)  # a copy's data is new: flush it
         out.append(entry)
     # The directories that received entries: their new entries must be durable
@@ -118,11 +270,40 @@ def carry_over(
     return out
 
 
+_NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+"""errnos of a path below a checkpoint that is missing or has a link or a file on it."""
+
+
+def _carry(base: Checkpoint, entry: FileEntry, target: Path, pin: Pinned) -> bool:
+    """Link (or copy) one committed file into ``target``; True if it was copied."""
+    source = base.path / entry.path
+    try:
+        return _fs.link_or_copy(source, target, top=base.path, top_fd=pin.fd)
+    except OSError as exc:
+        if not isinstance(exc, _fs.NotRegularFileError) and exc.errno not in _NOT_THERE:
+            raise
+        pin.check()  # replaced or deleted meanwhile: say that
+        raise VerificationError(
+            f"{source} cannot be carried over: "
+            + (
+                "it is not a regular file any more"
+                if isinstance(exc, _fs.NotRegularFileError)
+                else "it is missing, or a symlink or a file is on its path (never followed)"
+            )
+            + f", while its manifest records a file of {entry.size} bytes. The checkpoint "
+            "was changed after its commit; run verify() on it. Nothing was committed",
+            path=source,
+            step=base.step,
+            problems=(f"{source}: changed after the commit ({exc.strerror or exc})",),
+        ) from exc
+
+
 def _rewrite_marker(root: Root, base: Checkpoint, metadata: dict[str, Any]) -> None:
     """Replace ``base``'s marker by one with ``metadata``, atomically and durably.
 
-    Under the root lock, and only if the checkpoint is still the one amended
-    (else a concurrent commit won: StepConflictError, nothing written).
+    Under the root lock, and only if the checkpoint is still the one amended (else a
+    concurrent commit won: StepConflictError; or it was deleted: CheckpointNotFoundError;
+    nothing written).
     """
     old = base.manifest
     manifest = Manifest(
@@ -134,7 +315,16 @@ def _rewrite_marker(root: Root, base: Checkpoint, metadata: dict[str, Any]) -> N
         metadata=metadata,
     )
     with root.locked():
-        now = classify(base.path, base.step) if base.path.is_dir() else None
+        try:
+            st = os.lstat(base.path)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"{base.path} was deleted while it was being amended; nothing was committed",
+                path=base.path,
+                step=base.step,
+            ) from None
+        # Never through a link: a step replaced by a symlink is not the one amended.
+        now = classify(base.path, base.step) if stat.S_ISDIR(st.st_mode) else None
         if now is None or now.manifest != old:
             raise StepConflictError(
                 f"{base.path} changed while it was being amended; amend it again",

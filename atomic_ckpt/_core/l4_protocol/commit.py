@@ -15,7 +15,7 @@ import os
 import stat
 import time
 import weakref
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, SupportsIndex
@@ -72,6 +72,9 @@ class Commit:
         self._promoted = False
         self._old: Path | None = None
         self._checkpoint: Checkpoint | None = None
+        self._precondition: Callable[[], None] | None = None
+        """Run under the root lock just before the promotion; raises to stop it (an amend
+        checks there that the version it carries files from is still the step's)."""
         self._step = step
         self.name = name
         """The directory name it is committed under (the step's, or the checkpoint's name)."""
@@ -91,7 +94,7 @@ class Commit:
         # Holding the staging dir open pins its identity (its inode cannot be reused),
         # so a save that deletes it and makes a new one is always noticed.
         self._fd: int | None = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        _OPEN[(root.path, name)] = self
+        _register(self)
 
     def __repr__(self) -> str:
         return f"Commit({self.name!r}, path={str(self.path)!r}, state={self._state!r})"
@@ -191,6 +194,8 @@ class Commit:
         # 5. Promote, under the root lock: rename (a new step) or exchange (a replace).
         with root.locked():
             _repair.restore_asides(root)
+            if self._precondition is not None:
+                self._precondition()
             _stage.check_target(final, self._step)
             _delete.check_aliases_free(root, self.aliases)  # before anything changes
             if self.replace_aliases:
@@ -342,8 +347,7 @@ class Commit:
     def _close(self, *, leaving: Path | None) -> None:
         """Close the pinned staging dir and release the staging lock; its file stays
         while ``leaving`` is left behind without a manifest (the evidence for clean())."""
-        if _OPEN.get((self._root.path, self.name)) is self:
-            del _OPEN[(self._root.path, self.name)]
+        _unregister(self)
         fd, self._fd = self._fd, None
         try:
             if fd is not None:
@@ -355,16 +359,34 @@ class Commit:
                 _delete.release_leaving(self._lock, leaving)
 
 
-_OPEN: weakref.WeakValueDictionary[tuple[Path, str], Commit] = weakref.WeakValueDictionary()
-"""This process's open commits, by (root, directory name): see :func:`open_commit`."""
+_OPEN: dict[tuple[Path, str], list[weakref.ref[Commit]]] = {}
+"""This process's open commits, by (root, directory name), oldest first: see
+:func:`open_commit`. Every one is kept, so that a nested commit of a step ending
+leaves the outer one findable."""
+
+
+def _register(commit: Commit) -> None:
+    refs = _OPEN.setdefault((commit._root.path, commit.name), [])
+    refs[:] = [r for r in refs if r() is not None]  # commits dropped without ending
+    refs.append(weakref.ref(commit))
+
+
+def _unregister(commit: Commit) -> None:
+    key = (commit._root.path, commit.name)
+    refs = [r for r in _OPEN.get(key, ()) if (c := r()) is not None and c is not commit]
+    if refs:
+        _OPEN[key] = refs
+    else:
+        _OPEN.pop(key, None)
 
 
 def open_commit(root: Root, name: str) -> Commit | None:
-    """This process's open commit of the checkpoint ``name`` in ``root``, or None."""
-    commit = _OPEN.get((root.path, name))
-    if commit is None or commit.state != "open" or commit._pid != os.getpid():
-        return None
-    return commit
+    """This process's newest open commit of the checkpoint ``name`` in ``root``, or None."""
+    for ref in reversed(_OPEN.get((root.path, name), ())):
+        commit = ref()
+        if commit is not None and commit.state == "open" and commit._pid == os.getpid():
+            return commit
+    return None
 
 
 @contextlib.contextmanager

@@ -2,7 +2,10 @@
 
 Committed with the same protocol as a step (staging, fsync, marker, rename),
 their manifest records no step, and the scanner never counts them:
-``latest()`` and ``steps()`` see numbered checkpoints only. ``promote``
+``latest()`` and ``steps()`` see numbered checkpoints only. A directory is complete
+only under the name its manifest records: a named checkpoint moved by hand to a
+step's name is not a complete step, and a step moved to a name is not a named
+checkpoint (a hand copy cut short would otherwise look complete). ``promote``
 turns one into a step atomically: its manifest is rewritten to record the
 step (durably, in place), then it is renamed to the step's name (exchanged
 with an existing step where the filesystem can, so that step is never missing).
@@ -18,7 +21,7 @@ from pathlib import Path
 from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, StepConflictError
 from atomic_ckpt._core.l1_names.names import check_chosen_name
 from atomic_ckpt._core.l3_formats.manifest import Manifest
-from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
+from atomic_ckpt._core.l3_formats.read import Checkpoint, moved_by_hand, read_marker
 from atomic_ckpt._core.l4_protocol import amend as _amend
 from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
@@ -50,6 +53,11 @@ def get(root: Root, name: str) -> NamedCheckpoint:
     if manifest is None:
         raise CheckpointNotFoundError(
             f"no complete named checkpoint {name!r} in {root.path}", path=path
+        )
+    if not manifest.legacy and manifest.step is not None:
+        raise CheckpointNotFoundError(
+            f"{path} is not a complete named checkpoint: {moved_by_hand(manifest, None)}",
+            path=path,
         )
     return NamedCheckpoint(name, path, manifest)
 
@@ -89,14 +97,26 @@ def promote(root: Root, name: str, step: int) -> Checkpoint:
     aliases = [p.name for p in _delete.aliases_of(root, {named.path.name})]
     # Carried entries keep their checksums: the step's manifest uses the same algorithm.
     root = dataclasses.replace(root, checksum=named.manifest.checksum)
-    commit = _commit.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
+    base = Checkpoint(step, named.path, named.manifest)
+    pin = _amend.Pinned.of(base, "promoted")
     try:
-        base = Checkpoint(step, named.path, named.manifest)
-        ckpt = commit.publish(files=_amend.carry_over(root, base, commit.path, [], set()))
-    except BaseException as exc:
-        commit.abort(exc)
-        raise
-    with root.locked():
-        moved = _delete.move_aside(root, [named.path])
+        commit = _commit.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
+        try:
+            files = _amend.carry_over(root, base, commit.path, [], set(), pin=pin)
+            # The named checkpoint must still be the version carried when the step appears.
+            commit._precondition = pin.check
+            ckpt = commit.publish(files=files)
+        except BaseException as exc:
+            commit.abort(exc)
+            raise
+        with root.locked():
+            try:
+                pin.check()
+            except (StepConflictError, CheckpointNotFoundError):
+                moved = []  # committed again (or removed) since: a newer save, kept
+            else:
+                moved = _delete.move_aside(root, [named.path])
+    finally:
+        pin.close()
     _delete.remove_moved(root, moved)
     return ckpt

@@ -33,7 +33,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from atomic_ckpt._core.l1_names.errors import NotDurableError, wrap_os_error
+from atomic_ckpt._core.l1_names.errors import CommitStateError, NotDurableError, wrap_os_error
 from atomic_ckpt._core.l1_names.names import NAME_MAX, TMP_INFIX, new_token
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 
@@ -142,11 +142,14 @@ def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False)
     returned by nothing but holds the new bytes. On an exception the temporary file is
     removed, ``path`` is untouched and the exception propagates. ``durable=False`` skips
     the fsyncs (atomic against a crash of the process, not a power loss). ``parents=True``
-    creates missing parent directories (durably).
+    creates missing parent directories (durably). Only the process that entered the block
+    ends it: a child forked inside gets :class:`~atomic_ckpt.CommitStateError` on a normal
+    exit, and neither its exit nor its exception touches the temporary file or ``path``.
     """
     directory, name = _split(path)
     target = directory / name
     tmp = directory / temp_name(name)
+    pid = os.getpid()
     try:
         if parents:
             _ensure_parent(directory, durable=durable)
@@ -158,8 +161,11 @@ def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False)
     except BaseException as exc:
         # The block's own error (say, a PermissionError reading a dataset shard):
         # propagated unchanged, never attributed to ``directory``.
-        _discard(tmp, exc)
+        if os.getpid() == pid:  # a forked child's: the temporary file is the parent's
+            _discard(tmp, exc)
         raise
+    if os.getpid() != pid:
+        raise _forked(pid, target)
     try:
         try:
             st = os.lstat(tmp)
@@ -176,15 +182,22 @@ def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False)
         if durable:
             _fs.fsync_file(tmp)  # 2. the data, before the name can point at it
         _fs.rename(tmp, target)  # 3. the commit point
-    except OSError as exc:
-        _discard(tmp, exc)
-        _raise_wrapped(exc, directory)
-        raise
     except BaseException as exc:
         _discard(tmp, exc)
+        if isinstance(exc, OSError):
+            _raise_wrapped(exc, directory)
         raise
     if durable:
         _fsync_directory(directory, target, "the new file")  # 4. the rename, durably
+
+
+def _forked(pid: int, target: Path) -> CommitStateError:
+    return CommitStateError(
+        f"cannot end the atomic write of {target}: it belongs to process {pid}, and this is "
+        f"process {os.getpid()} (forked inside the block). Only the process that began it "
+        "may end it; end a forked child with os._exit()",
+        path=target,
+    )
 
 
 def write_bytes_atomic(

@@ -341,7 +341,9 @@ class CheckpointDir(TrainerOps):
         fsyncs every regular file and subdirectory below it (as this root's
         :attr:`sync` policy says; never ``directory`` itself, never through a
         symlink), hashes the files with :attr:`checksum` when ``hash``, and returns
-        their manifest entries sorted by path (the marker's names left out).
+        their manifest entries sorted by path (the marker's names left out). An entry
+        no manifest can record (a FIFO, socket or device; a name that is not valid
+        UTF-8) raises :class:`~atomic_ckpt.ManifestError` naming it.
         """
         return sync_tree(
             Path(directory),
