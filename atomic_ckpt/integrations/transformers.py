@@ -217,11 +217,14 @@ class AtomicCheckpointMixin(_Base):
         self._atomic_durable = durable
         self._atomic_limit: int | None = None
         self._atomic_in_train = False
-        if self.args.save_on_each_node and self.args.world_size > 1:
+        world = self.args.world_size
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if self.args.save_on_each_node and per_node < world:
             raise ValueError(
-                "AtomicCheckpointMixin does not support save_on_each_node=True with several "
-                "processes: each node would write its own copy, and rank 0 cannot commit "
-                "files on another node's disk. Save to a filesystem every rank shares"
+                f"AtomicCheckpointMixin does not support save_on_each_node=True on several "
+                f"nodes ({world} processes, {per_node} per node): each node would write its "
+                "own copy, and rank 0 cannot commit files on another node's disk. Save to a "
+                "filesystem every rank shares, with save_on_each_node=False"
             )
 
     def checkpoint_dir(self, trial: Any = None) -> CheckpointDir:
@@ -242,8 +245,11 @@ class AtomicCheckpointMixin(_Base):
                 raise ValueError("resume_from_checkpoint=True needs args.output_dir")
             found = last_checkpoint(self.args.output_dir, verify=self._atomic_verify, clean=True)
             if found is None:
+                # Trainer's own words first: code that matches them keeps working.
                 raise ValueError(
-                    f"No complete checkpoint found in output directory ({self.args.output_dir})"
+                    f"No valid checkpoint found in output directory ({self.args.output_dir}): "
+                    "atomic_ckpt found no complete checkpoint-N there (a save killed before "
+                    "its commit leaves none)"
                 )
             log.info("resuming from %s, the newest complete checkpoint", found)
             resume_from_checkpoint = found
