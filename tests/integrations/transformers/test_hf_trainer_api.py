@@ -233,7 +233,11 @@ def test_the_version_and_the_private_methods_are_checked_at_import() -> None:
 
     with pytest.raises(ImportError, match="_save_checkpoint"):
         check_transformers(transformers.__version__, Changed)
-    assert set(integration.PRIVATE_METHODS) == {"_save_checkpoint", "_get_output_dir"}
+    assert set(integration.PRIVATE_METHODS) == {
+        "_save_checkpoint",
+        "_get_output_dir",
+        "_push_from_checkpoint",
+    }
 
 
 def test_the_root_lock_is_gone_once_a_commit_returns_and_old_names_are_still_cleaned(
