@@ -1,0 +1,164 @@
+"""``AtomicModelCheckpoint`` is interchangeable with the stock ``ModelCheckpoint`` where a
+user or a tool can tell them apart: the checkpoint state (a run switching between them
+resumes its best and top-k bookkeeping, both ways, with real fits), the signature, and a
+clear error instead of a hang when unit-tested with a ``Mock()`` trainer."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="needs the [torch] extra")
+pytest.importorskip("lightning", reason="needs the [lightning] extra")
+pytest.importorskip("pytorch_lightning", reason="needs pytorch-lightning (the test extra)")
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from atomic_ckpt.integrations.lightning import classes_for
+
+PACKAGES = ["lightning", "pytorch_lightning"]
+
+
+def pl_of(package: str) -> Any:
+    return importlib.import_module("lightning.pytorch" if package == "lightning" else package)
+
+
+def logging_model(pl: Any) -> Any:
+    class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            x = torch.arange(32, dtype=torch.float32).reshape(8, 4) / 32
+            return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+
+    return Tiny()
+
+
+def fit(pl: Any, root: Path, callback: Any, steps: int, ckpt_path: str | None = None) -> Any:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        callbacks=[callback],
+        default_root_dir=root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(logging_model(pl), ckpt_path=ckpt_path)
+    return trainer
+
+
+def options(root: Path) -> dict[str, Any]:
+    return {
+        "dirpath": str(root / "ckpts"),
+        "monitor": "loss",
+        "save_top_k": 2,
+        "every_n_train_steps": 1,
+        "save_last": True,
+    }
+
+
+def bookkeeping(cb: Any) -> dict[str, Any]:
+    return {
+        "best_model_path": cb.best_model_path,
+        "best_model_score": cb.best_model_score,
+        "best_k_models": dict(cb.best_k_models),
+        "kth_best_model_path": cb.kth_best_model_path,
+        "last_model_path": cb.last_model_path,
+    }
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("first", ["stock", "atomic"])
+def test_state_resumes_across_a_switch_to_or_from_the_plugin(
+    tmp_path: Path, package: str, first: str
+) -> None:
+    """Fit 4 steps with one callback, resume from last.ckpt with the other (the same
+    arguments): the resumed callback holds the best path, score and top-k files the first
+    one ended with, and the checkpoint files its state under ModelCheckpoint's key."""
+    pl = pl_of(package)
+    stock, atomic = pl.callbacks.ModelCheckpoint, classes_for(package).AtomicModelCheckpoint
+    save_cls, resume_cls = (stock, atomic) if first == "stock" else (atomic, stock)
+    saver = save_cls(**options(tmp_path))
+    fit(pl, tmp_path, saver, steps=4)
+    saved = bookkeeping(saver)
+    assert len(saved["best_k_models"]) == 2
+    last = tmp_path / "ckpts" / "last.ckpt"
+    keys = list(torch.load(last, weights_only=False)["callbacks"])
+    assert keys == [stock(**options(tmp_path)).state_key]
+    assert keys[0].startswith("ModelCheckpoint{")
+
+    resumer = resume_cls(**options(tmp_path))
+    fit(pl, tmp_path, resumer, steps=4, ckpt_path=str(last))  # restores, trains no more
+    assert bookkeeping(resumer) == saved
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_subclass_keeps_its_own_name_in_its_state_key(package: str) -> None:
+    """As with ModelCheckpoint, a user's subclass of AtomicModelCheckpoint files its state
+    under its own class name."""
+    atomic = classes_for(package).AtomicModelCheckpoint
+
+    class Mine(atomic):  # type: ignore[misc,valid-type]
+        pass
+
+    assert Mine(monitor="loss").state_key.startswith(f"{Mine.__qualname__}{{")
+    assert (
+        atomic(monitor="loss").state_key
+        == pl_of(package).callbacks.ModelCheckpoint(monitor="loss").state_key
+    )
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_signature_is_model_checkpoints(package: str) -> None:
+    """inspect.signature (IDEs, docs, introspecting tools) shows ModelCheckpoint's
+    parameters, defaults and annotations, not (*args, **kwargs)."""
+    stock = pl_of(package).callbacks.ModelCheckpoint
+    atomic = classes_for(package).AtomicModelCheckpoint
+    assert inspect.signature(atomic) == inspect.signature(stock)
+    assert "save_last" in inspect.signature(atomic).parameters
+    atomic(dirpath="d", monitor="loss", save_top_k=3, save_last="link")  # it takes them
+
+
+def test_a_mock_trainer_fails_with_a_clear_error_instead_of_hanging(tmp_path: Path) -> None:
+    """_link_checkpoint with unittest.mock.Mock() as the trainer (whose checkpoint_io
+    chain never ends) raises TypeError naming the problem; run in a child with a
+    deadline, so that a hang fails the test instead of stalling the suite."""
+    code = (
+        "from unittest.mock import Mock\n"
+        "from atomic_ckpt.integrations.lightning import AtomicModelCheckpoint\n"
+        "try:\n"
+        "    AtomicModelCheckpoint._link_checkpoint(Mock(), 'a.ckpt', 'last.ckpt')\n"
+        "except TypeError as exc:\n"
+        "    print('TypeError:', exc)\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=True
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the CheckpointIO chain walk of a Mock trainer did not end")
+    assert "TypeError: trainer.strategy.checkpoint_io wraps more than 16" in done.stdout
+    assert "a Mock trainer?" in done.stdout
