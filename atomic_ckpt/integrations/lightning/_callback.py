@@ -72,6 +72,10 @@ class _AtomicModelCheckpoint(_ModelCheckpointBase):
     a run may switch between the two and resume with its best and top-k bookkeeping.
     """
 
+    _links_through_io = True
+    """Read by :class:`AtomicCheckpointIO` (async): this callback's ``last`` links are
+    queued with the saves, so they are safe (the stock callback's are refused)."""
+
     @property
     def state_key(self) -> str:
         """``ModelCheckpoint``'s key for the same arguments (Lightning embeds the class

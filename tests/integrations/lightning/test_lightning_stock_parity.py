@@ -1,7 +1,9 @@
 """``AtomicModelCheckpoint`` is interchangeable with the stock ``ModelCheckpoint`` where a
 user or a tool can tell them apart: the checkpoint state (a run switching between them
 resumes its best and top-k bookkeeping, both ways, with real fits), the signature, and a
-clear error instead of a hang when unit-tested with a ``Mock()`` trainer."""
+clear error instead of a hang when unit-tested with a ``Mock()`` trainer. And the stock
+callback's own ``last`` link, which ``AtomicCheckpointIO(async_save=True)`` cannot order,
+is refused before it can dangle."""
 
 from __future__ import annotations
 
@@ -53,7 +55,15 @@ def logging_model(pl: Any) -> Any:
     return Tiny()
 
 
-def fit(pl: Any, root: Path, callback: Any, steps: int, ckpt_path: str | None = None) -> Any:
+def fit(
+    pl: Any,
+    root: Path,
+    callback: Any,
+    steps: int,
+    *,
+    ckpt_path: str | None = None,
+    plugins: list[Any] | None = None,
+) -> Any:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     trainer = pl.Trainer(
@@ -61,6 +71,7 @@ def fit(pl: Any, root: Path, callback: Any, steps: int, ckpt_path: str | None = 
         devices=1,
         max_steps=steps,
         callbacks=[callback],
+        plugins=plugins or [],
         default_root_dir=root,
         logger=False,
         enable_progress_bar=False,
@@ -162,3 +173,76 @@ def test_a_mock_trainer_fails_with_a_clear_error_instead_of_hanging(tmp_path: Pa
         pytest.fail("the CheckpointIO chain walk of a Mock trainer did not end")
     assert "TypeError: trainer.strategy.checkpoint_io wraps more than 16" in done.stdout
     assert "a Mock trainer?" in done.stdout
+
+
+def ckpt_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("fresh", [True, False])
+def test_async_plugin_refuses_the_stock_callbacks_last_link_before_its_first_save(
+    tmp_path: Path, package: str, fresh: bool
+) -> None:
+    """AtomicCheckpointIO(async_save=True) with the stock ModelCheckpoint(save_last="link"),
+    in a new directory (where the stock link crashed with FileNotFoundError) or an existing
+    one (where last.ckpt named a file still queued): ValueError naming what to use, before
+    anything is written."""
+    pl = pl_of(package)
+    io = classes_for(package).AtomicCheckpointIO(async_save=True)
+    dirpath = tmp_path / "ckpts"
+    if not fresh:
+        dirpath.mkdir()
+    stock = pl.callbacks.ModelCheckpoint(
+        dirpath=dirpath, save_last="link", save_top_k=1, every_n_train_steps=1
+    )
+    with pytest.raises(ValueError, match=r"save_last='link'.*Use atomic_ckpt\.integrations"):
+        fit(pl, tmp_path, stock, steps=3, plugins=[io])
+    assert ckpt_files(dirpath) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_async_plugin_refuses_a_resume_with_the_stock_link_before_training(
+    tmp_path: Path, package: str
+) -> None:
+    """Checkpoints saved synchronously, then a resumed fit with async_save=True and the
+    stock linking callback: refused at the load, before a step is trained or a file
+    changes."""
+    pl = pl_of(package)
+    classes = classes_for(package)
+    dirpath = tmp_path / "ckpts"
+    args = {"dirpath": dirpath, "save_last": "link", "save_top_k": 1, "every_n_train_steps": 1}
+    fit(
+        pl,
+        tmp_path,
+        pl.callbacks.ModelCheckpoint(**args),
+        2,
+        plugins=[classes.AtomicCheckpointIO()],
+    )
+    before = ckpt_files(dirpath)
+    assert "last.ckpt" in before
+    io = classes.AtomicCheckpointIO(async_save=True)
+    last = str(dirpath / "last.ckpt")
+    with pytest.raises(
+        ValueError, match=r"cannot be used with ModelCheckpoint\(save_last='link'\)"
+    ):
+        fit(pl, tmp_path, pl.callbacks.ModelCheckpoint(**args), 4, ckpt_path=last, plugins=[io])
+    assert ckpt_files(dirpath) == before
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_async_plugin_takes_the_stock_callback_when_it_does_not_link(
+    tmp_path: Path, package: str
+) -> None:
+    """save_last=True (a copy, saved in order like any other) with the stock callback and
+    async_save=True: no refusal, and last.ckpt is a real file of the last step."""
+    pl = pl_of(package)
+    io = classes_for(package).AtomicCheckpointIO(async_save=True)
+    dirpath = tmp_path / "ckpts"
+    stock = pl.callbacks.ModelCheckpoint(
+        dirpath=dirpath, save_last=True, save_top_k=1, every_n_train_steps=1
+    )
+    fit(pl, tmp_path, stock, steps=3, plugins=[io])
+    last = dirpath / "last.ckpt"
+    assert not last.is_symlink()
+    assert torch.load(last, weights_only=True)["global_step"] == 3
