@@ -4,6 +4,7 @@ check, and what Trainer's and Accelerate's own listings make of a root mid-commi
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -254,3 +255,27 @@ def test_the_root_lock_is_gone_once_a_commit_returns_and_old_names_are_still_cle
     (ckpts.root / f"{old.name}.lock").write_bytes(b"")
     assert sorted(p.name for p in ckpts.clean()) == [old.name, f"{old.name}.lock"]
     assert os.listdir(ckpts.root) == ["checkpoint_1"]
+
+
+def test_the_signature_is_trainers_with_the_mixins_options() -> None:
+    """inspect.signature (IDEs, docs, tools) shows Trainer's parameters, then the mixin's
+    keyword options, for AtomicTrainer and a user's mixin class; a subclass with its own
+    __init__ shows that one."""
+    from transformers import Trainer
+
+    from atomic_ckpt.integrations.transformers import AtomicCheckpointMixin
+
+    stock = list(inspect.signature(Trainer).parameters.values())
+    ours = inspect.signature(AtomicTrainer).parameters
+    assert list(ours.values())[: len(stock)] == stock
+    assert list(ours)[len(stock) :] == ["verify_on_resume", "durable"]
+    assert ours["durable"].kind is inspect.Parameter.KEYWORD_ONLY
+
+    class Mine(AtomicCheckpointMixin, Trainer):
+        pass
+
+    class Own(AtomicTrainer):
+        def __init__(self, model: Any) -> None: ...
+
+    assert inspect.signature(Mine) == inspect.signature(AtomicTrainer)
+    assert list(inspect.signature(Own).parameters) == ["model"]
