@@ -31,19 +31,24 @@ MAX_IO_DEPTH = 16
 def _checkpoint_io_chain(trainer: Trainer) -> list[Any]:
     """The trainer's CheckpointIO and every IO it wraps (Lightning's wrappers).
 
-    Raises TypeError past :data:`MAX_IO_DEPTH` wrappers: that is no Lightning trainer
-    (a ``Mock()``, whose every attribute is a new Mock, would be walked forever)."""
+    At most :data:`MAX_IO_DEPTH` of them: a longer chain is no Lightning trainer's. A
+    ``Mock()`` trainer (every attribute a new Mock) was walked forever; now its first
+    ones are returned, none of which is an IO this module knows, so the callback acts as
+    without :class:`AtomicCheckpointIO`, as the stock one does with such a trainer
+    (Lightning's own tests link with a ``Mock()`` trainer)."""
     chain: list[Any] = []
     io: Any = trainer.strategy.checkpoint_io
     while io is not None and io not in chain:
         if len(chain) == MAX_IO_DEPTH:
-            raise TypeError(
-                f"trainer.strategy.checkpoint_io wraps more than {MAX_IO_DEPTH} CheckpointIOs "
-                f"({', '.join(type(i).__name__ for i in chain[:3])}, ...): this is not a "
-                "Lightning Trainer's CheckpointIO chain (a Mock trainer?). Give the callback "
-                "a Trainer, or a stand-in whose strategy.checkpoint_io is a real CheckpointIO "
-                "(its checkpoint_io attribute, if any, the one it wraps, ending in None)"
+            log.warning(
+                "trainer.strategy.checkpoint_io wraps more than %d CheckpointIOs (%s, ...): "
+                "not a Lightning Trainer's chain (a Mock trainer?); only the first %d are "
+                "looked at",
+                MAX_IO_DEPTH,
+                ", ".join(type(i).__name__ for i in chain[:3]),
+                MAX_IO_DEPTH,
             )
+            break
         chain.append(io)
         io = getattr(io, "checkpoint_io", None)
     return chain
