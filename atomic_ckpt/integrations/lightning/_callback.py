@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from atomic_ckpt import clean_temporaries, replace_symlink
-from atomic_ckpt.integrations.lightning._io import _AtomicCheckpointIO
+from atomic_ckpt import clean_temporaries
+from atomic_ckpt.integrations.lightning._io import _AtomicCheckpointIO, _replace_link
 
 if TYPE_CHECKING:
     # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
@@ -128,7 +128,7 @@ class _AtomicModelCheckpoint(_ModelCheckpointBase):
                 ios[0].link(filepath, linkpath)
             else:
                 relative = os.path.relpath(filepath, os.path.dirname(os.path.abspath(linkpath)))
-                replace_symlink(relative, linkpath)
+                _replace_link(relative, linkpath, durable=True)
         trainer.strategy.barrier()
 
     def _save_last_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, Any]) -> None:

@@ -13,13 +13,15 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from atomic_ckpt import atomic_write, remove_directory, replace_symlink
+from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_name
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 
 if TYPE_CHECKING:
     # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
@@ -187,7 +189,7 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
                 f"cannot link {linkpath} to {filepath}: it does not exist (a link never dangles)"
             )
         relative = os.path.relpath(filepath, os.path.dirname(os.path.abspath(linkpath)))
-        replace_symlink(relative, linkpath, durable=self.durable)
+        _replace_link(relative, linkpath, durable=self.durable)
 
     def _run(self, job: Callable[..., None], *args: Any, what: str) -> None:
         self._raise_pending()
@@ -229,6 +231,31 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
             error.add_note("atomic_ckpt: not done because of this error: " + "; ".join(skipped))
             log.warning("background checkpoint error; skipped: %s", "; ".join(skipped))
         raise error
+
+
+def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
+    """:func:`atomic_ckpt.replace_symlink`, also where ``linkpath`` is a directory (a sharded
+    ``last.ckpt/`` saved as a copy, before ``save_last="link"``): the stock callback removes
+    it and then links, leaving no ``last`` between the two. Here a new link is exchanged
+    with the directory (``RENAME_EXCHANGE``: ``last`` is never absent), and the old
+    directory, now under the link's temporary name, removed. Where the filesystem cannot
+    exchange, the directory is removed first, as the stock callback does."""
+    path = Path(linkpath)
+    if not (path.is_dir() and not path.is_symlink()):
+        replace_symlink(target, linkpath, durable=durable)
+        return
+    tmp = path.parent / temp_name(path.name)
+    _fs.symlink(target, tmp)
+    try:
+        _fs.rename_exchange(tmp, path)
+    except OSError as exc:
+        _fs.unlink(tmp)
+        if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
+            raise
+        remove_directory(path, durable=durable)
+        replace_symlink(target, linkpath, durable=durable)
+        return
+    remove_directory(tmp, durable=durable)  # the old directory; the parent fsynced too
 
 
 def _calling_trainer(io: Any) -> Any | None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest.mock import Mock
 
 import pytest
 
@@ -255,3 +257,29 @@ def test_async_plugin_takes_the_stock_callback_when_it_does_not_link(
     last = dirpath / "last.ckpt"
     assert not last.is_symlink()
     assert torch.load(last, weights_only=True)["global_step"] == 3
+
+
+@pytest.mark.parametrize("through_io", [False, True])
+def test_a_link_replaces_a_directory_at_last_as_the_stock_callback_does(
+    tmp_path: Path, through_io: bool
+) -> None:
+    """A directory at the link's path (a sharded last.ckpt/ saved as a copy before the run
+    switched to save_last="link"): the stock callback replaces it with the link, and so
+    does this one, exchanged atomically (no instant without last), the old directory
+    gone, with or without AtomicCheckpointIO."""
+    pl = pl_of("lightning")
+    classes = classes_for("lightning")
+    target = tmp_path / "epoch=1.ckpt"
+    target.mkdir()
+    stock_link, link = tmp_path / "stock", tmp_path / "last.ckpt"
+    for d in (stock_link, link):
+        d.mkdir()
+        (d / "shard").write_bytes(b"old")
+    trainer = Mock() if not through_io else Mock(spec=["is_global_zero", "strategy"])
+    if through_io:
+        trainer.strategy = Mock(spec=["checkpoint_io", "barrier"])
+        trainer.strategy.checkpoint_io = classes.AtomicCheckpointIO()
+    pl.callbacks.ModelCheckpoint._link_checkpoint(trainer, str(target), str(stock_link))
+    classes.AtomicModelCheckpoint._link_checkpoint(trainer, str(target), str(link))
+    assert os.readlink(link) == os.readlink(stock_link) == "epoch=1.ckpt"
+    assert sorted(os.listdir(tmp_path)) == ["epoch=1.ckpt", "last.ckpt", "stock"]
