@@ -37,11 +37,17 @@ The private ``Trainer`` methods this relies on are listed in :data:`PRIVATE_METH
 checked when this module is imported: a missing one, or one whose parameters changed, is
 refused; a transformers version outside :data:`TESTED_RANGE` (4.47.0 to 5.24.x) only warns.
 
-Not supported: ``save_on_each_node=True`` with several processes (node-local storage: no
-rank 0 can promote another node's files; refused), and ``push_to_hub`` uploads from a
-checkpoint folder (the upload starts from the staging directory, which is gone once the
-commit ends). FSDP and DeepSpeed saves go through the same commit (every rank writes
-into the staging directory) but are untested here: they need GPUs.
+* ``push_to_hub=True`` uploads what a plain ``Trainer`` uploads, for every ``hub_strategy``,
+  but only once the checkpoint is committed: the checkpoint pushes read the committed
+  ``checkpoint-N`` (its manifest included), and no upload ever takes an entry of the
+  library's own (staging directories, locks: every name containing ``.tmp-``, see
+  :data:`HUB_IGNORE_PATTERNS`), which Trainer's ``_*`` and ``checkpoint-*`` patterns do
+  not match.
+
+Not supported: ``save_on_each_node=True`` on several nodes (node-local storage: no rank 0
+can promote another node's files; refused; on one node it is the default's behaviour).
+FSDP and DeepSpeed saves go through the same commit (every rank writes into the staging
+directory) but are untested here: they need GPUs.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 try:
     import torch.distributed as dist
     import transformers
+    import transformers.trainer as _trainer_module
     from transformers import Trainer
     from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
@@ -66,13 +73,14 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
         "pip install 'atomic_ckpt[transformers]'"
     ) from _exc
 
-from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
+from atomic_ckpt import TMP_INFIX, CheckpointDir, CheckpointNotFoundError, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.distributed import distributed_commit, resume
 from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "HUB_IGNORE_PATTERNS",
     "PRIVATE_METHODS",
     "TESTED_RANGE",
     "AtomicCheckpointMixin",
@@ -96,11 +104,21 @@ PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     # Redirected during _save_checkpoint: the run directory, so that its
     # "<run dir>/checkpoint-N" lands in the staging directory.
     "_get_output_dir": ("self", "trial"),
+    # Deferred during _save_checkpoint (Trainer pushes from inside the save, while the
+    # files are in the staging dir) and called once the commit is done; and made to
+    # leave the library's temporary entries out of its uploads (see HUB_IGNORE_PATTERNS).
+    "_push_from_checkpoint": ("self", "checkpoint_folder"),
 }
 """Every private ``Trainer`` method this module overrides or redirects, with its parameters.
 
 The one place they are named; :func:`check_transformers` compares them with the installed
 ``Trainer`` at import. (``train`` is overridden too, but it is public.)"""
+
+HUB_IGNORE_PATTERNS = (f"*{TMP_INFIX}*",)
+"""Added to the ``ignore_patterns`` of every upload Trainer makes (beside its own ``_*`` and
+``checkpoint-*``): the library's staging, aside and lock entries, which are never part of a
+checkpoint (their names, and only theirs, contain ``.tmp-``; a plain Trainer's output
+directory holds none). ``*`` matches across ``/``, so nothing inside them goes either."""
 
 CHECKPOINT_PREFIX = f"{PREFIX_CHECKPOINT_DIR}-"
 """``checkpoint-``: the step directories are Hugging Face's ``checkpoint-N``."""
@@ -127,6 +145,58 @@ def check_transformers(version: str, trainer: type[Any] = Trainer) -> bool:
 
 
 check_transformers(transformers.__version__)
+_HF_API = "hf_api"
+"""The function of ``transformers.trainer`` every Hub call of Trainer goes through."""
+if not callable(getattr(_trainer_module, _HF_API, None)):  # the seam of _hub_uploads
+    raise ImportError(
+        f"atomic_ckpt.integrations.transformers: transformers {transformers.__version__}'s "
+        "trainer module has no hf_api(), which its Hub uploads went through; this version "
+        "is not supported"
+    )
+
+
+class _Uploads:
+    """An ``HfApi`` whose ``upload_folder`` also ignores :data:`HUB_IGNORE_PATTERNS`."""
+
+    def __init__(self, api: Any) -> None:
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def upload_folder(self, **kwargs: Any) -> Any:
+        ignore = kwargs.get("ignore_patterns")
+        ignore = [] if ignore is None else [ignore] if isinstance(ignore, str) else list(ignore)
+        kwargs["ignore_patterns"] = [*ignore, *HUB_IGNORE_PATTERNS]
+        return self._api.upload_folder(**kwargs)
+
+
+class _UploadsApi:
+    """What ``transformers.trainer.hf_api`` is while a push of ours runs."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def __call__(self) -> _Uploads:
+        return _Uploads(self.real())
+
+
+@contextlib.contextmanager
+def _hub_uploads() -> Iterator[None]:
+    """Trainer's Hub calls, with the library's temporary entries left out of its uploads.
+
+    Trainer calls ``hf_api().upload_folder(...)`` with fixed ignore patterns; the call
+    itself is synchronous (an upload ``run_as_future`` gets its arguments here), so the
+    swap lasts only for the push that makes it."""
+    real = getattr(_trainer_module, _HF_API)
+    if isinstance(real, _UploadsApi):  # already inside one
+        yield
+        return
+    setattr(_trainer_module, _HF_API, _UploadsApi(real))
+    try:
+        yield
+    finally:
+        setattr(_trainer_module, _HF_API, real)
 
 
 def _distributed() -> bool:
@@ -209,6 +279,12 @@ class AtomicCheckpointMixin(_Base):
     killed process, not against a power loss).
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # inspect.signature(cls) (IDEs, docs, tools) would show our (*args, ..., **kwargs):
+        # give the class the real one, the Trainer's parameters with ours.
+        cls.__signature__ = _signature_of(cls)  # type: ignore[attr-defined]
+
     def __init__(
         self, *args: Any, verify_on_resume: bool = False, durable: bool = True, **kwargs: Any
     ) -> None:
@@ -217,11 +293,14 @@ class AtomicCheckpointMixin(_Base):
         self._atomic_durable = durable
         self._atomic_limit: int | None = None
         self._atomic_in_train = False
-        if self.args.save_on_each_node and self.args.world_size > 1:
+        world = self.args.world_size
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if self.args.save_on_each_node and per_node < world:
             raise ValueError(
-                "AtomicCheckpointMixin does not support save_on_each_node=True with several "
-                "processes: each node would write its own copy, and rank 0 cannot commit "
-                "files on another node's disk. Save to a filesystem every rank shares"
+                f"AtomicCheckpointMixin does not support save_on_each_node=True on several "
+                f"nodes ({world} processes, {per_node} per node): each node would write its "
+                "own copy, and rank 0 cannot commit files on another node's disk. Save to a "
+                "filesystem every rank shares, with save_on_each_node=False"
             )
 
     def checkpoint_dir(self, trial: Any = None) -> CheckpointDir:
@@ -242,8 +321,11 @@ class AtomicCheckpointMixin(_Base):
                 raise ValueError("resume_from_checkpoint=True needs args.output_dir")
             found = last_checkpoint(self.args.output_dir, verify=self._atomic_verify, clean=True)
             if found is None:
+                # Trainer's own words first: code that matches them keeps working.
                 raise ValueError(
-                    f"No complete checkpoint found in output directory ({self.args.output_dir})"
+                    f"No valid checkpoint found in output directory ({self.args.output_dir}): "
+                    "atomic_ckpt found no complete checkpoint-N there (a save killed before "
+                    "its commit leaves none)"
                 )
             log.info("resuming from %s, the newest complete checkpoint", found)
             resume_from_checkpoint = found
@@ -286,13 +368,18 @@ class AtomicCheckpointMixin(_Base):
             if not inner.is_symlink():
                 raise FileExistsError(f"{inner} is not the link this save made")
             failed: BaseException | None = None
+            pushes: list[str] = []
             setattr(self, "_get_output_dir", lambda trial=None: str(staging))  # noqa: B010
+            # Trainer pushes from inside the save, while the files are in the staging
+            # dir (which the commit then renames): the push waits for the commit.
+            setattr(self, "_push_from_checkpoint", pushes.append)  # noqa: B010
             try:
                 super()._save_checkpoint(model, trial)
             except BaseException as exc:
                 failed = exc
             finally:
                 delattr(self, "_get_output_dir")
+                delattr(self, "_push_from_checkpoint")
             # Every rank has written (or failed: it still comes here, so no rank waits
             # for it in vain; the commit then fails on every rank).
             _barrier()
@@ -303,8 +390,28 @@ class AtomicCheckpointMixin(_Base):
                 os.unlink(inner)
                 if (staging / TRAINER_STATE_NAME).exists():
                     self.state.save_to_json(str(staging / TRAINER_STATE_NAME))
+        if pushes:  # what was committed, now that it is (then rotation, as Trainer does)
+            self._push_from_checkpoint(str(ckpts.path_of(step)))
         if _rank() == 0:
             self._rotate(ckpts)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """``Trainer._push_from_checkpoint``, leaving :data:`HUB_IGNORE_PATTERNS` out."""
+        with _hub_uploads():
+            super()._push_from_checkpoint(checkpoint_folder)
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``Trainer.push_to_hub``, leaving :data:`HUB_IGNORE_PATTERNS` out of the upload."""
+        with _hub_uploads():
+            return super().push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
 
     # ------------------------------------------------------------------ internals
 
@@ -362,6 +469,28 @@ class AtomicCheckpointMixin(_Base):
             if step != best:
                 log.info("deleting %s due to save_total_limit=1", ckpts.path_of(step))
                 ckpts.delete(step)
+
+
+def _signature_of(cls: type[Any]) -> inspect.Signature | None:
+    """What ``cls(...)`` takes when its ``__init__`` is the mixin's: the parameters of the
+    ``__init__`` the mixin passes them to, with the mixin's keyword options before any
+    ``**kwargs``. None (inspect's own answer) when a subclass has an ``__init__`` of its own."""
+    mro = cls.__mro__
+    first = next((c for c in mro if "__init__" in c.__dict__), None)
+    if first is not AtomicCheckpointMixin:
+        return None
+    after = next(c for c in mro[mro.index(first) + 1 :] if "__init__" in c.__dict__)
+    try:
+        base = inspect.signature(after.__dict__["__init__"])
+    except (TypeError, ValueError):  # a builtin __init__ without one
+        return None
+    params = list(base.parameters.values())[1:]  # without self
+    own = inspect.signature(AtomicCheckpointMixin.__init__).parameters
+    ours = [p for p in own.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    at = next(
+        (i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params)
+    )
+    return base.replace(parameters=[*params[:at], *ours, *params[at:]])
 
 
 class AtomicTrainer(AtomicCheckpointMixin, Trainer):

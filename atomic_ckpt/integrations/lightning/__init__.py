@@ -26,11 +26,17 @@
   cannot give this order: it queues saves but runs deletes on the caller's thread, so the
   previous best file is deleted before the new one exists. :class:`AtomicModelCheckpoint`
   refuses that combination with a hint.
+  The stock ``ModelCheckpoint(save_last="link")`` links ``last`` on the caller's thread, to
+  a file still queued: ``AtomicCheckpointIO(async_save=True)`` refuses it (ValueError
+  naming :class:`AtomicModelCheckpoint`) before its first save, or the load of a resumed fit.
 * :class:`AtomicModelCheckpoint` (a ``ModelCheckpoint``) replaces the ``last`` symlink
   atomically (a new link renamed over the old one: ``last`` is never absent, and never
   names a file that is not yet durable), deletes a top-k file that ``last`` still names
   only after ``last`` has moved on, and at setup removes the temporary files of saves a
   crash interrupted (:func:`atomic_ckpt.clean_temporaries`).
+  Everything else is ``ModelCheckpoint``'s: the signature, and the state in a checkpoint,
+  filed under ``ModelCheckpoint``'s key (a run can switch to or from it and resume its best
+  and top-k bookkeeping).
 
 ``lightning`` (``lightning.pytorch``) and ``pytorch-lightning`` (``pytorch_lightning``) are
 separate packages with separate base classes. The names above are built for ``lightning``

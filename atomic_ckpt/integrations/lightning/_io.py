@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from atomic_ckpt import atomic_write, remove_directory, replace_symlink
+from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_name
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 
 if TYPE_CHECKING:
     # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
@@ -30,6 +34,12 @@ log = logging.getLogger("atomic_ckpt.integrations.lightning")  # the public modu
 
 def _default_map_location(storage: Any, location: Any) -> Any:
     return storage
+
+
+_CALLER_DEPTH = 8
+"""How many frames above a save or a load to look for the Trainer that asked for it
+(Lightning: the Strategy's frame, then its wrappers', then the Trainer's or the
+checkpoint connector's: 2 to 4)."""
 
 
 class _AtomicCheckpointIO(_CheckpointIOBase):
@@ -77,6 +87,7 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
             )
         target = _local(path)
         if self.async_save:
+            self._refuse_unordered_links()
             # Copy the tensors now, on the caller's thread: training goes on changing them.
             checkpoint = apply_to_collection(checkpoint, torch.Tensor, _snapshot)
         self._run(self._save_now, checkpoint, target, what=f"save {target}")
@@ -94,6 +105,8 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Load ``path`` (after every queued save), with ``weights_only=True`` by default."""
+        if self.async_save:
+            self._refuse_unordered_links()  # a resumed fit: before it trains
         self.wait()
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
@@ -133,6 +146,35 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
 
     # ------------------------------------------------------------ internals
 
+    def _refuse_unordered_links(self) -> None:
+        """Raise ValueError if the Trainer this save or load is for has a callback that links
+        ``last`` itself (the stock ``ModelCheckpoint(save_last="link")``).
+
+        It links on the caller's thread as soon as the save is queued: in a new directory
+        the link fails (FileNotFoundError: nothing has created it yet), elsewhere ``last``
+        names a file not yet written, and a crash then leaves no usable ``last``. No
+        ordering here can make that link safe, so the combination is refused before its
+        first save. ``CheckpointIO`` has no setup hook that sees the Trainer: this runs at
+        its first call (the first save of a new fit, the load of a resumed one), for the
+        Trainer found among the callers (none found: nothing is checked).
+        """
+        trainer = _calling_trainer(self)
+        if trainer is None:
+            return
+        for callback in getattr(trainer, "checkpoint_callbacks", ()):
+            if getattr(type(callback), "_links_through_io", False):
+                continue  # AtomicModelCheckpoint: its links are queued with the saves
+            if getattr(callback, "save_last", None) == "link" and callback.save_top_k != 0:
+                raise ValueError(
+                    f"{type(self).__name__}(async_save=True) cannot be used with "
+                    f"{type(callback).__name__}(save_last='link'): it links last.ckpt to a "
+                    "checkpoint still being written in the background (a crash then leaves "
+                    "no usable last; in a new directory the first link fails). Use "
+                    "atomic_ckpt.integrations.lightning.AtomicModelCheckpoint (the same "
+                    "arguments), which links in order with the saves; or save_last=True; "
+                    "or async_save=False"
+                )
+
     def _save_now(self, checkpoint: dict[str, Any], path: str) -> None:
         with atomic_write(path, durable=self.durable, parents=True) as tmp:
             torch.save(checkpoint, tmp)
@@ -147,7 +189,7 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
                 f"cannot link {linkpath} to {filepath}: it does not exist (a link never dangles)"
             )
         relative = os.path.relpath(filepath, os.path.dirname(os.path.abspath(linkpath)))
-        replace_symlink(relative, linkpath, durable=self.durable)
+        _replace_link(relative, linkpath, durable=self.durable)
 
     def _run(self, job: Callable[..., None], *args: Any, what: str) -> None:
         self._raise_pending()
@@ -189,6 +231,60 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
             error.add_note("atomic_ckpt: not done because of this error: " + "; ".join(skipped))
             log.warning("background checkpoint error; skipped: %s", "; ".join(skipped))
         raise error
+
+
+def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
+    """:func:`atomic_ckpt.replace_symlink`, also where ``linkpath`` is a directory (a sharded
+    ``last.ckpt/`` saved as a copy, before ``save_last="link"``): the stock callback removes
+    it and then links, leaving no ``last`` between the two. Here a new link is exchanged
+    with the directory (``RENAME_EXCHANGE``: ``last`` is never absent), and the old
+    directory, now under the link's temporary name, removed. Where the filesystem cannot
+    exchange, the directory is removed first, as the stock callback does."""
+    path = Path(linkpath)
+    if not (path.is_dir() and not path.is_symlink()):
+        replace_symlink(target, linkpath, durable=durable)
+        return
+    tmp = path.parent / temp_name(path.name)
+    _fs.symlink(target, tmp)
+    try:
+        _fs.rename_exchange(tmp, path)
+    except OSError as exc:
+        _fs.unlink(tmp)
+        if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
+            raise
+        remove_directory(path, durable=durable)
+        replace_symlink(target, linkpath, durable=durable)
+        return
+    remove_directory(tmp, durable=durable)  # the old directory; the parent fsynced too
+
+
+def _calling_trainer(io: Any) -> Any | None:
+    """The Lightning Trainer among the callers of ``io``'s method (the caller of that is 2
+    frames up): a ``self`` (or its ``trainer``) with ``checkpoint_callbacks`` whose
+    strategy's CheckpointIO is ``io`` or wraps it. None if there is none."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_CALLER_DEPTH):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        for candidate in (owner, getattr(owner, "__dict__", {}).get("trainer")):
+            if _uses(candidate, io):
+                return candidate
+        frame = frame.f_back
+    return None
+
+
+def _uses(trainer: Any, io: Any) -> bool:
+    if trainer is None or not hasattr(type(trainer), "checkpoint_callbacks"):
+        return False
+    current = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
+    for _ in range(_CALLER_DEPTH):  # Lightning wraps at most once or twice
+        if current is None:
+            return False
+        if current is io:
+            return True
+        current = getattr(current, "checkpoint_io", None)
+    return False
 
 
 def _local(path: Any) -> str:

@@ -53,9 +53,18 @@ class Run:
         return all(c == 0 for c in self.codes)
 
 
-def launch(cfg: dict[str, Any], *, world: int = 1, kill_rank: int | None = None, tmp: Path) -> Run:
+def launch(
+    cfg: dict[str, Any],
+    *,
+    world: int = 1,
+    kill_rank: int | None = None,
+    tmp: Path,
+    per_node: int | None = None,
+) -> Run:
     """Run the child on ``world`` processes (torchrun's environment variables, gloo), each
-    forked from a server that imported transformers once. With ``kill_rank``, only that
+    forked from a server that imported transformers once; ``per_node`` (default: all of
+    them) is the LOCAL_WORLD_SIZE they are told, so that one machine can pose as several
+    nodes. With ``kill_rank``, only that
     rank gets ``cfg["kill"]``; once it is dead, the others are given a while to notice
     (they raise) and are then killed if they have not."""
     import hf_trainer_child
@@ -74,8 +83,8 @@ def launch(cfg: dict[str, Any], *, world: int = 1, kill_rank: int | None = None,
                 "MASTER_PORT": str(port),
                 "WORLD_SIZE": str(world),
                 "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank % (per_node or world)),
+                "LOCAL_WORLD_SIZE": str(per_node or world),
             }
         log = tmp / f"log-{next(_COUNTER)}-rank{rank}.txt"
         logs.append(log)

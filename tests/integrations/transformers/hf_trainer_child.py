@@ -4,8 +4,8 @@ Run as ``python hf_trainer_child.py '<json config>'`` (one process, or one per r
 the torchrun environment variables set), or through :func:`run` in a process forked from
 a server that has imported it once (what the tests do: a launch then costs a fork).
 Config keys: ``out`` (output_dir), ``steps``, ``save_steps``, ``limit``
-(save_total_limit), ``resume`` (bool), ``save_only_model``, ``kill`` (``[point, n]``:
-SIGKILL this process the n-th time it reaches ``point``, after writing
+(save_total_limit), ``resume`` (bool), ``save_only_model``, ``save_on_each_node``,
+``kill`` (``[point, n]``: SIGKILL this process the n-th time it reaches ``point``, after writing
 ``<out>/../killed-<point>-rank<r>``), ``result`` (a JSON file written when training ends).
 
 Kill points: ``model`` (inside the model write: half the safetensors bytes are on disk),
@@ -135,6 +135,7 @@ def main(cfg: dict[str, Any]) -> None:
         save_steps=cfg["save_steps"],
         save_total_limit=cfg.get("limit"),
         save_only_model=cfg.get("save_only_model", False),
+        save_on_each_node=cfg.get("save_on_each_node", False),
         per_device_train_batch_size=2,
         learning_rate=1e-2,
         logging_steps=1,

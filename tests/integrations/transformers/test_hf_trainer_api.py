@@ -4,6 +4,7 @@ check, and what Trainer's and Accelerate's own listings make of a root mid-commi
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -203,7 +204,7 @@ def test_last_checkpoint_and_resume_true_on_roots_without_a_complete_checkpoint(
     checkpoint-N written before atomic_ckpt and nothing complete: a clear refusal."""
     out = tmp_path / "out"
     assert last_checkpoint(out) is None
-    with pytest.raises(ValueError, match="No complete checkpoint"):
+    with pytest.raises(ValueError, match=r"^No valid checkpoint found in output directory \("):
         make_trainer(out, max_steps=1).train(resume_from_checkpoint=True)
     (out / "checkpoint-3").mkdir(parents=True)
     with pytest.raises(UnmarkedCheckpointsError, match="mark-complete"):
@@ -262,7 +263,11 @@ def test_an_untested_version_warns_and_a_changed_private_method_is_refused() -> 
 
     with pytest.raises(ImportError, match="_save_checkpoint"):
         check_transformers(transformers.__version__, Changed)
-    assert set(integration.PRIVATE_METHODS) == {"_save_checkpoint", "_get_output_dir"}
+    assert set(integration.PRIVATE_METHODS) == {
+        "_save_checkpoint",
+        "_get_output_dir",
+        "_push_from_checkpoint",
+    }
 
 
 def test_the_root_lock_is_gone_once_a_commit_returns_and_old_names_are_still_cleaned(
@@ -279,3 +284,27 @@ def test_the_root_lock_is_gone_once_a_commit_returns_and_old_names_are_still_cle
     (ckpts.root / f"{old.name}.lock").write_bytes(b"")
     assert sorted(p.name for p in ckpts.clean()) == [old.name, f"{old.name}.lock"]
     assert os.listdir(ckpts.root) == ["checkpoint_1"]
+
+
+def test_the_signature_is_trainers_with_the_mixins_options() -> None:
+    """inspect.signature (IDEs, docs, tools) shows Trainer's parameters, then the mixin's
+    keyword options, for AtomicTrainer and a user's mixin class; a subclass with its own
+    __init__ shows that one."""
+    from transformers import Trainer
+
+    from atomic_ckpt.integrations.transformers import AtomicCheckpointMixin
+
+    stock = list(inspect.signature(Trainer).parameters.values())
+    ours = inspect.signature(AtomicTrainer).parameters
+    assert list(ours.values())[: len(stock)] == stock
+    assert list(ours)[len(stock) :] == ["verify_on_resume", "durable"]
+    assert ours["durable"].kind is inspect.Parameter.KEYWORD_ONLY
+
+    class Mine(AtomicCheckpointMixin, Trainer):
+        pass
+
+    class Own(AtomicTrainer):
+        def __init__(self, model: Any) -> None: ...
+
+    assert inspect.signature(Mine) == inspect.signature(AtomicTrainer)
+    assert list(inspect.signature(Own).parameters) == ["model"]
