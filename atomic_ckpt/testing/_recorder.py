@@ -285,15 +285,15 @@ class _Recorder(_Mirror):
         return rewrite
 
     def _adopt_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        def mark_complete(ckpts: CheckpointDir, step: int) -> Any:
+        def mark_complete(ckpts: CheckpointDir, step: int, **options: Any) -> Any:
             if not self._mine(ckpts):
-                return real(ckpts, step)
+                return real(ckpts, step, **options)
             path = ckpts.path_of(step)
             with self.lock:
                 self.observe()
             tree = read_tree(path) if path.is_dir() and not path.is_symlink() else None
             save = self._begin(_Save("mark_complete", (step,), len(self.ops), tree=tree))
-            result = real(ckpts, step)
+            result = real(ckpts, step, **options)
             save.marker = _read_marker_bytes(path)
             save.end = len(self.ops)
             return result
