@@ -146,13 +146,26 @@ def check_transformers(version: str, trainer: type[Any] = Trainer) -> bool:
 
 check_transformers(transformers.__version__)
 _HF_API = "hf_api"
-"""The function of ``transformers.trainer`` every Hub call of Trainer goes through."""
-if not callable(getattr(_trainer_module, _HF_API, None)):  # the seam of _hub_uploads
+"""The function of ``transformers.trainer`` every Hub call of Trainer goes through (5.x)."""
+_UPLOAD_FOLDER = "upload_folder"
+"""Before ``hf_api`` (4.x): the ``huggingface_hub.upload_folder`` the trainer module imports."""
+if callable(getattr(_trainer_module, _HF_API, None)):
+    _SEAM = _HF_API
+elif callable(getattr(_trainer_module, _UPLOAD_FOLDER, None)):
+    _SEAM = _UPLOAD_FOLDER
+else:  # the seam of _hub_uploads
     raise ImportError(
         f"atomic_ckpt.integrations.transformers: transformers {transformers.__version__}'s "
-        "trainer module has no hf_api(), which its Hub uploads went through; this version "
-        "is not supported"
+        "trainer module has neither hf_api() nor upload_folder(), which its Hub uploads "
+        "went through; this version is not supported"
     )
+
+
+def _ignoring(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``upload_folder`` keyword arguments that also ignore :data:`HUB_IGNORE_PATTERNS`."""
+    ignore = kwargs.get("ignore_patterns")
+    ignore = [] if ignore is None else [ignore] if isinstance(ignore, str) else list(ignore)
+    return {**kwargs, "ignore_patterns": [*ignore, *HUB_IGNORE_PATTERNS]}
 
 
 class _Uploads:
@@ -165,10 +178,7 @@ class _Uploads:
         return getattr(self._api, name)
 
     def upload_folder(self, **kwargs: Any) -> Any:
-        ignore = kwargs.get("ignore_patterns")
-        ignore = [] if ignore is None else [ignore] if isinstance(ignore, str) else list(ignore)
-        kwargs["ignore_patterns"] = [*ignore, *HUB_IGNORE_PATTERNS]
-        return self._api.upload_folder(**kwargs)
+        return self._api.upload_folder(**_ignoring(kwargs))
 
 
 class _UploadsApi:
@@ -181,22 +191,33 @@ class _UploadsApi:
         return _Uploads(self.real())
 
 
+class _UploadFolder:
+    """What ``transformers.trainer.upload_folder`` is (4.x) while a push of ours runs."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.real(*args, **_ignoring(kwargs))
+
+
 @contextlib.contextmanager
 def _hub_uploads() -> Iterator[None]:
     """Trainer's Hub calls, with the library's temporary entries left out of its uploads.
 
-    Trainer calls ``hf_api().upload_folder(...)`` with fixed ignore patterns; the call
-    itself is synchronous (an upload ``run_as_future`` gets its arguments here), so the
-    swap lasts only for the push that makes it."""
-    real = getattr(_trainer_module, _HF_API)
-    if isinstance(real, _UploadsApi):  # already inside one
+    Trainer calls ``hf_api().upload_folder(...)`` (4.x: ``upload_folder(...)``) with fixed
+    ignore patterns; the call itself is synchronous (an upload ``run_as_future`` gets its
+    arguments here), so the swap lasts only for the push that makes it."""
+    real = getattr(_trainer_module, _SEAM)
+    if isinstance(real, _UploadsApi | _UploadFolder):  # already inside one
         yield
         return
-    setattr(_trainer_module, _HF_API, _UploadsApi(real))
+    wrapper = _UploadsApi(real) if _SEAM == _HF_API else _UploadFolder(real)
+    setattr(_trainer_module, _SEAM, wrapper)
     try:
         yield
     finally:
-        setattr(_trainer_module, _HF_API, real)
+        setattr(_trainer_module, _SEAM, real)
 
 
 def _distributed() -> bool:
