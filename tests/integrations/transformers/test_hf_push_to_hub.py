@@ -23,12 +23,20 @@ pytest.importorskip("transformers")
 huggingface_hub = pytest.importorskip("huggingface_hub")
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from hf_trainer_child import dataset, tokenizer  # noqa: E402
 from huggingface_hub import HfApi  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir  # noqa: E402
 from atomic_ckpt.integrations.transformers import AtomicTrainer  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) < 5,
+    reason="the Hub fakes here patch HfApi methods; transformers 4.x goes through "
+    "huggingface_hub functions bound at import (create_repo, upload_folder) of an older "
+    "huggingface_hub, which these fakes do not intercept (they would reach the network)",
+)
 
 torch.set_num_threads(1)
 
@@ -79,8 +87,9 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Hub:
         HfApi, "create_repo", lambda api, repo_id, **kw: SimpleNamespace(repo_id=repo_id)
     )
     monkeypatch.setattr(HfApi, "_validate_yaml", lambda api, content, **kw: None)
-    # The one-commit path of upload_folder (the other streams through Xet).
-    monkeypatch.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False)
+    # The one-commit path of upload_folder (the other streams through Xet; releases
+    # without Xet have only this path, hence raising=False).
+    monkeypatch.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False, raising=False)
     return fake
 
 
