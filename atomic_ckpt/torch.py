@@ -18,9 +18,10 @@ import math
 import operator
 import os
 from collections.abc import Collection, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, SupportsIndex
+from typing import Any, BinaryIO, NamedTuple, Protocol, SupportsIndex
 
 import torch
 from safetensors.torch import load_model, save_model
@@ -124,37 +125,21 @@ def load_state(
 ) -> TrainingState:
     """Load a state written by :func:`save_state` into ``model`` (and optimizer, scheduler).
 
-    Pickled state is loaded with ``weights_only=True``. Raises FileNotFoundError
-    if the checkpoint lacks a file for an object you passed. Given a
-    :class:`~atomic_ckpt.VerifiedCheckpoint` (from ``CheckpointDir.resume_verified``
-    with :data:`STATE_FILES`), the model is loaded from the very mapping it was hashed
-    through, and the other files while their mappings keep those pages in memory: each
-    byte comes from storage once.
+    Pickled state is loaded with ``weights_only=True``, on a second thread while the
+    model file is read. Raises FileNotFoundError if the checkpoint lacks a file for an
+    object you passed. Given a :class:`~atomic_ckpt.VerifiedCheckpoint` (from
+    ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), the model is loaded
+    from the very mapping it was hashed through, and the other files while their
+    mappings keep those pages in memory: each byte comes from storage once.
     """
-    read: Mapping[str, memoryview] = {}
     if isinstance(checkpoint, VerifiedCheckpoint):
-        read = checkpoint.files
-        checkpoint = checkpoint.checkpoint
-    path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
-    if MODEL_FILE in read:
-        _load_model_bytes(model, read[MODEL_FILE], strict=strict, device=device)
+        path, read = checkpoint.checkpoint.path, checkpoint.files
     else:
-        load_model(model, str(path / MODEL_FILE), strict=strict, device=device)
-    # The pickles are loaded by name; verified, while the mappings they were hashed through
-    # (in ``read``) are still held, so their pages come from memory, not storage again.
-    # (torch.load through a file object over the mapping was twice as slow: it copies.)
-    if optimizer is not None:
-        optimizer.load_state_dict(_load_pickle(path / OPTIMIZER_FILE, device))
-    if scheduler is not None:
-        scheduler.load_state_dict(_load_pickle(path / SCHEDULER_FILE, device))
-    raw = bytes(read[STATE_FILE]) if STATE_FILE in read else (path / STATE_FILE).read_bytes()
-    doc = json.loads(raw)
-    return TrainingState(
-        step=int(doc["step"]),
-        path=path,
-        epoch=doc.get("epoch"),
-        metadata=doc.get("metadata") or {},
-    )
+        path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
+        read = {}
+    with _Pickles(path, _pickled(optimizer, scheduler), device) as pickles:
+        objects = _Objects(model, optimizer, scheduler)
+        return _load(path, read, pickles, objects, strict=strict, device=device)
 
 
 def resume(
@@ -175,22 +160,140 @@ def resume(
 
     With ``verify=True`` every file is checked against the manifest (sizes and
     checksums) and the state is loaded from the very bytes that were hashed, so
-    each byte is read from storage once (``benchmarks/resume.py`` measures it); a
-    newest checkpoint that does not verify is skipped with a warning, and the
-    newest one that does is loaded (as ``atomic_ckpt.distributed.resume`` does).
+    each byte is read from storage once; the pickles are deserialized while the
+    rest is hashed, and nothing is loaded into ``model`` or the optimizer before the
+    whole checkpoint verified (``benchmarks/resume.py`` measures what it costs). A
+    newest checkpoint that does not verify is skipped with a warning, and the newest
+    one that does is loaded (as ``atomic_ckpt.distributed.resume`` does).
     """
-    found: Checkpoint | VerifiedCheckpoint | None
-    if verify:
-        found = ckpts.resume_verified(STATE_FILES, fresh=fresh)
-    else:
+    if not verify:
         found = ckpts.resume_point(fresh=fresh)
-    if found is None:
+        if found is None:
+            return None
+        return load_state(
+            found, model=model, optimizer=optimizer, scheduler=scheduler, device=device
+        )
+    guess = ckpts.resume_point(fresh=fresh)  # the newest: verified next, likely the one
+    if guess is None:
         return None
-    return load_state(found, model=model, optimizer=optimizer, scheduler=scheduler, device=device)
+    with _Pickles(guess.path, _pickled(optimizer, scheduler), device) as early:
+        verified = ckpts.resume_verified(STATE_FILES, fresh=fresh)
+        if verified is None:
+            return None
+        path = verified.checkpoint.path
+        if early.opened_what(path):  # the files deserialized early are the ones hashed
+            objects = _Objects(model, optimizer, scheduler)
+            return _load(path, verified.files, early, objects, strict=True, device=device)
+    return load_state(
+        verified, model=model, optimizer=optimizer, scheduler=scheduler, device=device
+    )
 
 
-def _load_pickle(path: Path, device: str) -> dict[str, Any]:
-    state = torch.load(path, map_location=device, weights_only=True)
+def _pickled(optimizer: _Stateful | None, scheduler: _Stateful | None) -> list[str]:
+    """The ``torch.save`` files a load of these objects needs."""
+    return [n for n, o in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)) if o]
+
+
+class _Objects(NamedTuple):
+    model: torch.nn.Module
+    optimizer: _Stateful | None
+    scheduler: _Stateful | None
+
+
+def _load(
+    path: Path,
+    read: Mapping[str, memoryview],
+    pickles: _Pickles,
+    objects: _Objects,
+    *,
+    strict: bool,
+    device: str,
+) -> TrainingState:
+    """Load into the objects: the model from ``read`` (else its file), the rest from
+    ``pickles`` (being deserialized meanwhile) and the JSON from ``read`` (else its file)."""
+    model, optimizer, scheduler = objects
+    if MODEL_FILE in read:
+        _load_model_bytes(model, read[MODEL_FILE], strict=strict, device=device)
+    else:
+        load_model(model, str(path / MODEL_FILE), strict=strict, device=device)
+    if optimizer is not None:
+        optimizer.load_state_dict(pickles.result(OPTIMIZER_FILE))
+    if scheduler is not None:
+        scheduler.load_state_dict(pickles.result(SCHEDULER_FILE))
+    raw = bytes(read[STATE_FILE]) if STATE_FILE in read else (path / STATE_FILE).read_bytes()
+    doc = json.loads(raw)
+    return TrainingState(
+        step=int(doc["step"]),
+        path=path,
+        epoch=doc.get("epoch"),
+        metadata=doc.get("metadata") or {},
+    )
+
+
+class _Pickles:
+    """``torch.save`` files of one directory, opened at once and deserialized on a thread
+    (``weights_only=True``), so that their reading overlaps the model's (and a verify's).
+
+    The files are opened when this is made: :meth:`opened_what` then tells whether a
+    directory still holds those very files (same inodes), i.e. whether what was
+    deserialized is what a verify of that directory hashed. Leaving the block waits for
+    the thread (a result nobody asked for is dropped, its error too).
+    """
+
+    def __init__(self, directory: Path, names: Collection[str], device: str) -> None:
+        self._files: dict[str, BinaryIO] = {}
+        self._futures: dict[str, Future[dict[str, Any]]] = {}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="atomic_ckpt-load")
+        for name in names:
+            try:
+                # Never through a symlink: a verify maps regular files only.
+                fd = os.open(directory / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            except OSError as exc:
+                self._futures[name] = _failed(exc)
+                continue
+            f = self._files[name] = os.fdopen(fd, "rb")
+            self._futures[name] = self._pool.submit(_load_pickle, f, directory / name, device)
+
+    def result(self, name: str) -> dict[str, Any]:
+        """The state dict of ``name``; its error (FileNotFoundError for a missing file)."""
+        return self._futures[name].result()
+
+    def opened_what(self, directory: Path) -> bool:
+        """Whether ``directory`` holds, now, every file this opened (and lacks those it
+        could not open): then no other file can have been hashed there meanwhile, since
+        an inode held open is never reused."""
+        for name, future in self._futures.items():
+            f = self._files.get(name)
+            try:
+                now = os.stat(directory / name, follow_symlinks=False)
+            except FileNotFoundError:
+                if f is None and isinstance(future.exception(), FileNotFoundError):
+                    continue
+                return False
+            if f is None:
+                return False
+            then = os.fstat(f.fileno())
+            if (now.st_dev, now.st_ino) != (then.st_dev, then.st_ino):
+                return False
+        return True
+
+    def __enter__(self) -> _Pickles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for f in self._files.values():
+            f.close()
+
+
+def _failed(exc: BaseException) -> Future[dict[str, Any]]:
+    future: Future[dict[str, Any]] = Future()
+    future.set_exception(exc)
+    return future
+
+
+def _load_pickle(f: BinaryIO, path: Path, device: str) -> dict[str, Any]:
+    state = torch.load(f, map_location=device, weights_only=True)
     if not isinstance(state, dict):
         raise ValueError(f"{path} does not hold a state dict")
     return state

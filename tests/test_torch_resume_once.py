@@ -163,3 +163,104 @@ def test_safetensors_bytes_are_parsed_as_untrusted_input(damage: bytes) -> None:
     """Malformed safetensors bytes raise ValueError, never crash or read out of bounds."""
     with pytest.raises(ValueError, match="safetensors"):
         atorch._safetensors_tensors(memoryview(bytearray(damage)))
+
+
+def _opt_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [t for s in opt.state_dict()["state"].values() for t in s.values()]
+
+
+def _same_opt(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    sa, sb = _opt_state(a), _opt_state(b)
+    return len(sa) == len(sb) and all(torch.equal(x, y) for x, y in zip(sa, sb, strict=True))
+
+
+def test_the_pickles_are_deserialized_while_the_checkpoint_is_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimizer's torch.load starts before the verify returns (on another thread), so
+    reading it overlaps hashing the rest; it is applied only after the verify."""
+    import threading
+
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    _commit(ckpts, 1, seed=2)
+    started = threading.Event()
+    loaded_before_verified: list[bool] = []
+    real_load, real_verified = atorch._load_pickle, CheckpointDir.resume_verified
+
+    def load(*args: object, **kwargs: object) -> object:
+        started.set()
+        return real_load(*args, **kwargs)  # type: ignore[arg-type]
+
+    def verified(self: CheckpointDir, *args: object, **kwargs: object) -> object:
+        loaded_before_verified.append(started.wait(timeout=30))
+        return real_verified(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(atorch, "_load_pickle", load)
+    monkeypatch.setattr(CheckpointDir, "resume_verified", verified)
+    model, opt = _state(5)
+    assert resume(ckpts, model=model, optimizer=opt, verify=True) is not None
+    assert loaded_before_verified == [True]
+
+
+def test_a_damaged_newest_optimizer_state_is_not_loaded_even_though_it_was_read_early(
+    tmp_path: Path,
+) -> None:
+    """The newest's optimizer.pt is deserialized while it is verified; it fails the verify,
+    so the older checkpoint's optimizer state is what the optimizer ends up with."""
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    older_model, older_opt = _state(3)
+    save_state(ckpts, 1, model=older_model, optimizer=older_opt)
+    _commit(ckpts, 2, seed=4)
+    opt_file = ckpts.path_of(2) / OPTIMIZER_FILE
+    data = bytearray(opt_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a tensor: torch.load still succeeds
+    opt_file.write_bytes(bytes(data))
+    model, opt = _state(7)
+    state = resume(ckpts, model=model, optimizer=opt, verify=True)
+    assert state is not None
+    assert state.step == 1
+    assert _same(model, older_model)
+    assert _same_opt(opt, older_opt)
+
+
+def test_nothing_is_loaded_into_the_model_when_no_checkpoint_verifies(tmp_path: Path) -> None:
+    """Every checkpoint damaged: the resume refuses, and the objects keep their own state."""
+    from atomic_ckpt import UnusableCheckpointsError
+
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    _commit(ckpts, 1, seed=3)
+    for name in (MODEL_FILE, OPTIMIZER_FILE):
+        f = ckpts.path_of(1) / name
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 0xFF
+        f.write_bytes(bytes(data))
+    model, opt = _state(7)
+    mine_model, mine_opt = _state(7)
+    with pytest.raises(UnusableCheckpointsError, match="does not verify"):
+        resume(ckpts, model=model, optimizer=opt, verify=True)
+    assert _same(model, mine_model)
+    assert _same_opt(opt, mine_opt)
+
+
+def test_a_checkpoint_replaced_while_it_is_verified_is_loaded_from_what_was_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 1 re-committed between the early open of its pickles and the verify: the early
+    results (the old files) are dropped; the optimizer gets the state that was verified."""
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    _commit(ckpts, 1, seed=3)
+    new_model, new_opt = _state(8)
+    real_verified = CheckpointDir.resume_verified
+    replaced: list[bool] = []
+
+    def verified(self: CheckpointDir, *args: object, **kwargs: object) -> object:
+        save_state(ckpts, 1, model=new_model, optimizer=new_opt)  # replaces the stale 1/
+        replaced.append(True)
+        return real_verified(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CheckpointDir, "resume_verified", verified)
+    model, opt = _state(7)
+    assert resume(ckpts, model=model, optimizer=opt, verify=True) is not None
+    assert replaced == [True]
+    assert _same(model, new_model)
+    assert _same_opt(opt, new_opt)
