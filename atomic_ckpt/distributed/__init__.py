@@ -70,7 +70,7 @@ import contextlib
 import logging
 import operator
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
@@ -207,46 +207,84 @@ def distributed_commit(
 @contextlib.contextmanager
 def rank0_commit(
     ckpts: CheckpointDir,
-    step: SupportsIndex,
+    step: SupportsIndex | str,
     *,
     metadata: Mapping[str, Any] | None = None,
     group: dist.ProcessGroup | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     retain: RetentionPolicy | None = None,
+    aliases: Collection[str] = (),
+    replace_aliases: bool = False,
+    join: bool = False,
     entry_timeout: float = DEFAULT_ENTRY_TIMEOUT,
 ) -> Iterator[Path | None]:
     """Commit a checkpoint that rank 0 alone writes (a model every rank holds whole),
     while the other ranks wait for it.
 
     Enter it on every rank of ``group``: rank 0 gets the staging directory and commits
-    it (``ckpts.commit``) when its block ends; the other ranks get None and, leaving
-    the block, wait until rank 0's commit is durable, so no rank goes on (or resumes)
+    it (``ckpts.commit``, or ``ckpts.commit_named`` when ``step`` is a name such as
+    ``"interrupted"``) when its block ends; the other ranks get None and, leaving the
+    block, wait until rank 0's commit is durable, so no rank goes on (or resumes)
     before the checkpoint exists. If rank 0's save fails, it raises its own error and
     the others a :class:`~atomic_ckpt.DistributedCommitError` naming it; if rank 0 dies
     or hangs, the others raise DistributedCommitError (at once for a lost connection,
     after ``timeout`` seconds for a hang) instead of gloo's "connection closed" or an
     NCCL hang. An error in another rank's block is that rank's own and stops nothing.
+    ``metadata``, ``retain`` (steps only), ``aliases`` and ``replace_aliases`` as for
+    ``ckpts.commit``.
 
-    Without a process group it is ``ckpts.commit(step, ...)`` (the path, never None).
+    ``join=True`` inside an enclosing ``rank0_commit`` of the same step or name (on
+    every rank, as SPMD code nests): yields the enclosing block's directory (None off
+    rank 0) and does nothing else, no collective either: the outermost block commits.
+    This is how a ``save_checkpoint()`` that commits when called alone adds to a commit
+    the trainer opened around it. Without an enclosing one it commits as usual.
+
+    Without a process group it is ``ckpts.commit(step, ...)`` (the path, never None),
+    with ``join`` as for ``ckpts.commit``.
     """
-    step = operator.index(step)
+    key = (str(ckpts.root), step if isinstance(step, str) else operator.index(step))
+    if join and key in _OPEN_RANK0:
+        yield _OPEN_RANK0[key]
+        return
+    what = f"{step!r}" if isinstance(step, str) else f"step {key[1]}"
+    number = None if isinstance(step, str) else operator.index(step)
+    if isinstance(step, str) and retain is not None:
+        raise ValueError(f"retain= applies to step checkpoints, not the named one {step!r}")
+    options: dict[str, Any] = {
+        "metadata": metadata,
+        "aliases": aliases,
+        "replace_aliases": replace_aliases,
+    }
+    if not isinstance(step, str):
+        options["retain"] = retain
+
+    @contextlib.contextmanager
+    def committed(join: bool) -> Iterator[Path]:
+        if isinstance(step, str):
+            with ckpts.commit_named(step, join=join, **options) as path:
+                yield path
+        else:
+            with ckpts.commit(step, join=join, **options) as path:
+                yield path
+
     if _single_process(group):
-        with ckpts.commit(step, metadata=metadata, retain=retain) as path:
+        with committed(join) as path, _open_rank0(key, path):
             yield path
         return
-    _all_entered(group, "rank0_commit", entry_timeout, step)
-    ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
+    _all_entered(group, "rank0_commit", entry_timeout, number)
+    ranks = _Ranks(_coordination_group(group, timeout), number, timeout)
     outcome: BaseException | None = None
     mine: BaseException | None = None
     if ranks.rank == 0:
         try:
-            with ckpts.commit(step, metadata=metadata, retain=retain) as path:
+            with committed(False) as path, _open_rank0(key, path):
                 yield path
         except BaseException as exc:
             outcome = exc
     else:
         try:
-            yield None
+            with _open_rank0(key, None):
+                yield None
         except BaseException as exc:
             mine = exc
     why = ranks.broadcast(
@@ -258,8 +296,22 @@ def rank0_commit(
         raise mine
     if why is not None:
         raise DistributedCommitError(
-            f"rank 0 failed to commit step {step}: {why}", step=step, ranks=(0,)
+            f"rank 0 failed to commit {what}: {why}", step=number, ranks=(0,)
         )
+
+
+_OPEN_RANK0: dict[tuple[str, int | str], Path | None] = {}
+"""The rank0_commit blocks open in this process, by (root, step or name): what
+``join=True`` joins (their directory on rank 0, None on the others)."""
+
+
+@contextlib.contextmanager
+def _open_rank0(key: tuple[str, int | str], path: Path | None) -> Iterator[None]:
+    _OPEN_RANK0[key] = path
+    try:
+        yield
+    finally:
+        del _OPEN_RANK0[key]
 
 
 def _single_process(group: dist.ProcessGroup | None) -> bool:

@@ -129,7 +129,9 @@ _ENTRIES: dict[tuple[int, ...], int] = {}
 """How many collective calls each set of ranks has entered (the same count on each rank)."""
 
 
-def _all_entered(group: dist.ProcessGroup | None, call: str, timeout: float, step: int) -> None:
+def _all_entered(
+    group: dist.ProcessGroup | None, call: str, timeout: float, step: int | None
+) -> None:
     """Check that every rank of ``group`` entered ``call``; name the missing ones after
     ``timeout`` seconds.
 

@@ -307,3 +307,33 @@ def rank0_saves(ctx: Ctx) -> Any:
         seen.update(error=type(exc).__name__, message=str(exc))
     seen["elapsed"] = time.monotonic() - start
     return seen
+
+
+@scenario
+def rank0_saves_nested(ctx: Ctx) -> Any:
+    """The seed trainer's saves on every rank: an epoch commit with its label, a
+    ``save_checkpoint()`` inside it that joins (and would commit alone), then a named
+    ``interrupted`` checkpoint; what every rank sees after each block."""
+
+    def save_checkpoint(step: int) -> bool:
+        """Writes the model; commits when called alone. True if it joined an open commit."""
+        with rank0_commit(ctx.ckpts, step, join=True, timeout=TIMEOUT) as path:
+            if path is not None:
+                (path / "model.bin").write_bytes(payload(0, step))
+        return step not in ctx.ckpts.steps()  # joined: nothing published yet
+
+    seen: dict[str, Any] = {}
+    with rank0_commit(
+        ctx.ckpts, 5, aliases=["epoch0_step5"], replace_aliases=True, timeout=TIMEOUT
+    ) as path:
+        seen["joined"] = save_checkpoint(5)
+        if path is not None:
+            (path / "trainer_state.json").write_text("{}")
+    seen["steps"] = ctx.ckpts.steps()
+    seen["aliases"] = sorted(ctx.ckpts.aliases(5))
+    seen["alone"] = not save_checkpoint(6)  # no open commit: it committed step 6 itself
+    with rank0_commit(ctx.ckpts, "interrupted", metadata={"epoch": 1}, timeout=TIMEOUT) as path:
+        if path is not None:
+            (path / "model.bin").write_bytes(payload(0, 7))
+    seen["named"] = ctx.ckpts.get_named("interrupted").manifest.metadata
+    return seen

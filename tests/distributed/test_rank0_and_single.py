@@ -9,10 +9,11 @@ import pytest
 from conftest import Runner
 from dist_scenarios import TIMEOUT
 
-from atomic_ckpt import CheckpointDir, UnmarkedCheckpointsError
+from atomic_ckpt import CheckpointDir, RetentionPolicy, UnmarkedCheckpointsError
 from atomic_ckpt.distributed import declare, distributed_commit, rank0_commit, rank_path, resume
 
 SLACK = 20.0
+RETAIN = RetentionPolicy(keep_last=1)
 
 
 def test_rank0_commit_publishes_what_rank_0_wrote_before_any_rank_goes_on(
@@ -54,6 +55,28 @@ def test_rank_0_s_failed_save_is_named_on_every_rank(run_ranks: Runner, tmp_path
     assert CheckpointDir(tmp_path / "ckpts").steps() == []
 
 
+def test_rank0_commit_joins_an_enclosing_one_and_commits_names_and_labels(
+    run_ranks: Runner, tmp_path: Path
+) -> None:
+    """The seed trainer's pattern on two ranks: save_checkpoint() joins the epoch commit
+    (nothing published until the outer block ends), commits alone when nothing is open;
+    the epoch's label and a named ``interrupted`` checkpoint are committed from rank 0."""
+    results = run_ranks("rank0_saves_nested", 2)
+    assert all(r.ok for r in results), results
+    for r in results:
+        assert r.data["joined"] is True
+        assert r.data["steps"] == [5]
+        assert r.data["aliases"] == ["epoch0_step5"]
+        assert r.data["alone"] is True
+        assert r.data["named"] == {"epoch": 1}
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    assert sorted(e.path for e in ckpts.verify(5).manifest.files) == [
+        "model.bin",
+        "trainer_state.json",
+    ]
+    assert ckpts.steps() == [5, 6]
+
+
 # ---------------------------------------------------------------- without a process group
 
 
@@ -93,3 +116,24 @@ def test_without_a_process_group_resume_is_resume_point(tmp_path: Path) -> None:
     with pytest.raises(UnmarkedCheckpointsError):
         resume(other)
     assert resume(other, fresh=True) is None
+
+
+def test_without_a_process_group_rank0_commit_joins_names_and_labels(tmp_path: Path) -> None:
+    """One process: join=True adds to an enclosing rank0_commit (or a plain commit) of the
+    step; a name commits a named checkpoint; retain= with a name is refused."""
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    with rank0_commit(ckpts, 3, aliases=["epoch0_step3"]) as outer:
+        with rank0_commit(ckpts, 3, join=True) as inner:
+            assert inner == outer
+            assert inner is not None
+            (inner / "model.bin").write_bytes(b"m")
+        assert ckpts.steps() == []  # the inner exit published nothing
+    assert ckpts.aliases(3) == ["epoch0_step3"]
+    with ckpts.commit(4) as plain, rank0_commit(ckpts, 4, join=True) as inner:
+        assert inner == plain
+    with rank0_commit(ckpts, "interrupted", metadata={"e": 1}) as path:
+        assert path is not None
+    assert ckpts.get_named("interrupted").manifest.metadata == {"e": 1}
+    with pytest.raises(ValueError, match="retain"), rank0_commit(ckpts, "x", retain=RETAIN):
+        pass
+    assert ckpts.steps() == [3, 4]
