@@ -4,11 +4,12 @@ files between them check together what one whole verify checks, each byte read o
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
-from atomic_ckpt import Checkpoint, CheckpointDir, VerificationError
+from atomic_ckpt import Checkpoint, CheckpointDir, UnusableCheckpointsError, VerificationError
 from atomic_ckpt._core.l3_formats import verify as _verify
 
 FILES = {
@@ -142,3 +143,34 @@ def test_a_part_reports_progress_of_its_own_bytes(ckpt: Checkpoint) -> None:
     )
     assert calls[0] == (0, 2048)
     assert calls[-1] == (2048, 2048)
+
+
+def test_resume_verified_asks_the_verifier_newest_first(
+    ckpts: CheckpointDir, ckpt: Checkpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``resume_verified(verifier=...)``: a candidate it rejects is skipped with the warning
+    and an older one is tried; its views are what the resume returns; all rejected and
+    nothing else there is the refusal of ``resume_point``."""
+    with ckpts.commit(7) as path:
+        (path / "model.rank0.bin").write_bytes(b"newer")
+    asked: list[tuple[int, frozenset[str]]] = []
+
+    def verifier(c: Checkpoint, read: Collection[str]) -> dict[str, memoryview]:
+        asked.append((c.step, frozenset(read)))
+        if c.step == 7:
+            raise VerificationError("rank 1: damaged on purpose", path=c.path, step=c.step)
+        return {"model.rank0.bin": memoryview(b"views")}
+
+    found = ckpts.resume_verified(["model.rank0.bin"], verifier=verifier)
+    assert found is not None
+    assert found.checkpoint.step == ckpt.step
+    assert bytes(found.files["model.rank0.bin"]) == b"views"
+    assert asked == [(7, frozenset({"model.rank0.bin"})), (5, frozenset({"model.rank0.bin"}))]
+    assert any("rank 1: damaged on purpose" in r.getMessage() for r in caplog.records)
+
+    def rejects(c: Checkpoint, read: Collection[str]) -> dict[str, memoryview]:
+        raise VerificationError("no", path=c.path, step=c.step)
+
+    with pytest.raises(UnusableCheckpointsError, match="does not verify"):
+        ckpts.resume_verified(["model.rank0.bin"], verifier=rejects)
+    assert ckpts.resume_verified(["model.rank0.bin"], verifier=rejects, fresh=True) is None
