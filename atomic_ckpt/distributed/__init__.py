@@ -3,7 +3,7 @@
 ::
 
     from atomic_ckpt import CheckpointDir
-    from atomic_ckpt.distributed import distributed_commit, rank_path, resume
+    from atomic_ckpt.distributed import distributed_commit, rank_path, resume, resume_verified
 
     ckpts = CheckpointDir("/shared/run1")
     with distributed_commit(ckpts, step) as path:     # on every rank
@@ -12,6 +12,7 @@
             save_config(path / "config.json")
             declare(path / "config.json")              # flushed by rank 0 alone
     ckpt = resume(ckpts)                               # the same on every rank
+    found = resume_verified(ckpts, [mine])             # verified, each byte read once
 
     with rank0_commit(ckpts, step) as path:           # a save rank 0 alone writes
         if path is not None:                            # rank 0; the others wait
