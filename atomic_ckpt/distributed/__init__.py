@@ -3,7 +3,7 @@
 ::
 
     from atomic_ckpt import CheckpointDir
-    from atomic_ckpt.distributed import distributed_commit, rank_path, resume
+    from atomic_ckpt.distributed import distributed_commit, rank_path, resume, resume_verified
 
     ckpts = CheckpointDir("/shared/run1")
     with distributed_commit(ckpts, step) as path:     # on every rank
@@ -12,6 +12,7 @@
             save_config(path / "config.json")
             declare(path / "config.json")              # flushed by rank 0 alone
     ckpt = resume(ckpts)                               # the same on every rank
+    found = resume_verified(ckpts, [mine])             # verified, each byte read once
 
     with rank0_commit(ckpts, step) as path:           # a save rank 0 alone writes
         if path is not None:                            # rank 0; the others wait
@@ -59,8 +60,9 @@ forever. Rank 0 promotes only after every rank reported success, so a rank
 lost before that means nothing was promoted; ``clean()`` removes a staging
 directory that a crashed rank 0 left behind.
 
-With its helpers ``_ranks`` (the collectives) and ``_dist_flush`` (steps 4 and 5:
-which rank flushes which file), this is the only part of ``atomic_ckpt`` that
+With its helpers ``_ranks`` (the collectives), ``_flush`` (steps 4 and 5:
+which rank flushes which file) and ``_resume`` (the verified resume split among
+ranks: :func:`resume_verified`), this is the only part of ``atomic_ckpt`` that
 imports torch.distributed.
 """
 
@@ -84,6 +86,7 @@ from atomic_ckpt import (
     DistributedCommitError,
     DistributedNotInitializedError,
     RetentionPolicy,
+    VerifiedCheckpoint,
 )
 from atomic_ckpt._core.l1_names import public as _public
 from atomic_ckpt.distributed._flush import Declared, flush_declared, marker_files, sweep_undeclared
@@ -95,6 +98,7 @@ from atomic_ckpt.distributed._ranks import (
     _Ranks,
     raise_failures,
 )
+from atomic_ckpt.distributed._resume import resume_verified_ranks
 
 __all__ = [
     "DEFAULT_ENTRY_TIMEOUT",
@@ -105,6 +109,7 @@ __all__ = [
     "rank0_commit",
     "rank_path",
     "resume",
+    "resume_verified",
 ]
 
 log = logging.getLogger(__name__)
@@ -385,6 +390,10 @@ def resume(
     files match its manifest) and broadcasts its choice; the other ranks never
     scan, so they cannot disagree. None on every rank if there is none.
 
+    With ``verify=True`` rank 0 reads every file to hash it, and then each rank reads
+    its files again to load them: :func:`resume_verified` reads each byte once, the
+    ranks sharing the hashing and loading from the very pages they hashed.
+
     Without a process group (a single-process run) it is ``ckpts.resume_point(...)``.
     """
     if _single_process(group):
@@ -411,6 +420,44 @@ def resume(
             f"rank 0 could not choose a checkpoint to resume from: {why}", ranks=(0,)
         )
     return choice
+
+
+def resume_verified(
+    ckpts: CheckpointDir,
+    read: Collection[str],
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    fresh: bool = False,
+) -> VerifiedCheckpoint | None:
+    """The newest checkpoint that verifies, the same on every rank, with the bytes of the
+    files this rank loads as they were hashed: each byte is read from storage once.
+
+    Collective: call it on every rank of ``group``, each with its own ``read`` (the
+    checkpoint-relative paths this rank will load: its :func:`rank_path` files and the
+    shared ones). The work of verifying is split: each rank maps and hashes the files
+    of its ``read`` that the manifest lists, and keeps their views
+    (:attr:`~atomic_ckpt.VerifiedCheckpoint.files`, for a loader such as
+    ``atomic_ckpt.torch.load_state``); rank 0 hashes the files no rank reads and checks
+    the rest as ``CheckpointDir.verify`` does (types, sizes, nothing added, the marker).
+    A file that several ranks read is hashed by each of them, since each loads it.
+
+    Rank 0 picks the candidates newest first, as ``CheckpointDir.resume_verified``
+    does: one that does not verify on some rank is passed over on every rank (rank 0
+    warns, naming the ranks and their reasons) for the next older one. None on every
+    rank if none verifies; the refusals of :func:`resume` (such as
+    :class:`~atomic_ckpt.UnusableCheckpointsError`) are raised on every rank, unless
+    ``fresh``. A rank that crashes or hangs makes the others raise
+    :class:`~atomic_ckpt.DistributedCommitError` (after ``timeout`` seconds for a
+    hang, which must exceed the slowest rank's hashing).
+
+    Without a process group (a single-process run) it is
+    ``ckpts.resume_verified(read, fresh=fresh)``.
+    """
+    if _single_process(group):
+        return ckpts.resume_verified(read, fresh=fresh)
+    ranks = _Ranks(_coordination_group(group, timeout), None, timeout)
+    return resume_verified_ranks(ckpts, ranks, read, fresh=fresh)
 
 
 def rank_path(

@@ -8,6 +8,7 @@ gloo process group, runs it, and writes ``{"error", "message", "elapsed",
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -336,4 +337,140 @@ def rank0_saves_nested(ctx: Ctx) -> Any:
         if path is not None:
             (path / "model.bin").write_bytes(payload(0, 7))
     seen["named"] = ctx.ckpts.get_named("interrupted").manifest.metadata
+    return seen
+
+
+# ---------------------------------------------------------------- the verified resume
+
+SHARED, UNREAD = "shared.bin", "unread.bin"
+
+
+def shard(rank: int) -> str:
+    return f"shard.rank{rank}.bin"
+
+
+def commit_shards(ctx: Ctx, steps: tuple[int, ...] = (1, 2)) -> None:
+    """Each step: every rank's shard; rank 0 also writes a shared file and one nobody reads."""
+    from atomic_ckpt.distributed import declare
+
+    for step in steps:
+        with distributed_commit(ctx.ckpts, step) as path:
+            write_shard(ctx, path, step)
+            if ctx.rank == 0:
+                for name in (SHARED, UNREAD):
+                    (path / name).write_bytes(payload(7, step, 3000) + name.encode())
+                    declare(path / name)
+
+
+def damage(ctx: Ctx, step: int, name: str) -> bool:
+    """On rank 0: flip a byte of ``name`` in ``step`` (same size); True once it is changed.
+    Every rank waits for it (a barrier), so no rank resumes before the damage is done."""
+    fired = False
+    if ctx.rank == 0:
+        target = ctx.ckpts.path_of(step) / name
+        before = target.read_bytes()
+        target.write_bytes(before[:-1] + bytes([before[-1] ^ 0xFF]))
+        fired = target.read_bytes() != before and len(target.read_bytes()) == len(before)
+    dist.barrier()
+    return fired
+
+
+def count_hashing() -> dict[str, int]:
+    """The bytes this process's verify hashes from now on, by checkpoint-relative path
+    (both ways verify reads a file: plainly hashed, or mapped to be kept)."""
+    from atomic_ckpt._core.l3_formats import verify as _verify
+
+    counts: dict[str, int] = {}
+    real_hash, real_map = _verify.checksum_file, _verify.map_file
+
+    def counter(path: str) -> Callable[[int], None]:
+        rel = Path(path).name  # (the files of these scenarios are top-level)
+
+        def add(n: int) -> None:
+            counts[rel] = counts.get(rel, 0) + n
+
+        return add
+
+    def checksum_file(path: str, algorithm: str, **kw: Any) -> str:
+        kw.pop("on_read", None)
+        return real_hash(path, algorithm, on_read=counter(path), **kw)
+
+    def map_file(path: str, algorithm: str | None, **kw: Any) -> Any:
+        kw.pop("on_read", None)
+        return real_map(path, algorithm, on_read=counter(path), **kw)
+
+    _verify.checksum_file = checksum_file  # type: ignore[assignment]
+    _verify.map_file = map_file  # type: ignore[assignment]
+    return counts
+
+
+class Warnings(logging.Handler):
+    """The warnings this process logs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        logging.getLogger("atomic_ckpt").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@scenario
+def verified_resume(ctx: Ctx) -> Any:
+    """Two steps committed; ``damage``: [step, name] pairs rank 0 damages first; ``reads``:
+    each rank's ``read`` (default: its own shard and the shared file); ``fresh``. Returns
+    what this rank got, which of its views match the files, and what it hashed."""
+    from atomic_ckpt.distributed import resume_verified
+
+    commit_shards(ctx)
+    fired = [damage(ctx, step, name) for step, name in ctx.params.get("damage", [])]
+    reads = ctx.params.get("reads") or [[shard(r), SHARED] for r in range(ctx.world)]
+    warned = Warnings()
+    hashed = count_hashing()
+    seen: dict[str, Any] = {"fired": fired, "error": None}
+    try:
+        found = resume_verified(
+            ctx.ckpts, reads[ctx.rank], timeout=TIMEOUT, fresh=ctx.params.get("fresh", False)
+        )
+    except Exception as exc:
+        seen.update(error=type(exc).__name__, message=str(exc))
+        found = None
+    seen["step"] = None if found is None else found.checkpoint.step
+    if found is not None:
+        seen["views"] = sorted(found.files)
+        seen["exact"] = all(
+            bytes(data) == (found.checkpoint.path / rel).read_bytes()
+            for rel, data in found.files.items()
+        )
+        seen["total"] = found.checkpoint.manifest.total_size
+    seen["hashed"] = hashed
+    seen["warnings"] = warned.messages
+    return seen
+
+
+@scenario
+def verified_resume_rank_fails(ctx: Ctx) -> Any:
+    """Rank ``victim``'s part of the verify dies (``how="kill"``) or raises something other
+    than a failed verify (``how="raise"``); what each surviving rank raised, how fast."""
+    from atomic_ckpt._core.l3_formats import verify as _verify
+    from atomic_ckpt.distributed import resume_verified
+
+    commit_shards(ctx, steps=(1,))
+    if ctx.rank == ctx.params["victim"]:
+
+        def failing(*_a: Any, **_k: Any) -> Any:
+            (ctx.out / f"fired{ctx.rank}").write_text("verify")
+            if ctx.params["how"] == "kill":
+                kill_self()
+            raise MemoryError("cannot map the shard on purpose")
+
+        _verify.verify = failing  # type: ignore[assignment]
+    seen: dict[str, Any] = {"error": None}
+    start = time.monotonic()
+    try:
+        resume_verified(ctx.ckpts, [shard(ctx.rank)], timeout=TIMEOUT)
+    except Exception as exc:
+        seen.update(error=type(exc).__name__, message=str(exc))
+    seen["elapsed"] = time.monotonic() - start
     return seen

@@ -13,8 +13,14 @@ from typing import Any, assert_type
 import torch
 import torch.distributed as dist
 
-from atomic_ckpt import Checkpoint, CheckpointDir, RetentionPolicy
-from atomic_ckpt.distributed import DEFAULT_TIMEOUT, distributed_commit, load_dcp, rank_path
+from atomic_ckpt import Checkpoint, CheckpointDir, RetentionPolicy, VerifiedCheckpoint
+from atomic_ckpt.distributed import (
+    DEFAULT_TIMEOUT,
+    distributed_commit,
+    load_dcp,
+    rank_path,
+    resume_verified,
+)
 from atomic_ckpt.distributed import resume as resume_all_ranks
 from atomic_ckpt.torch import TrainingState, load_state, resume, save_state, write_state
 
@@ -78,3 +84,10 @@ def distributed(ckpts: CheckpointDir, step: int, shard: dict[str, torch.Tensor])
         load_dcp(state, ckpt, process_group=group)
         load_dcp(state, str(ckpt.path))
     assert_type(resume_all_ranks(ckpts), Checkpoint | None)
+    mine = {rank_path("model.pt", group=group).as_posix(), "config.json"}
+    found = resume_verified(ckpts, mine, group=group, timeout=60.0, fresh=True)
+    assert_type(found, VerifiedCheckpoint | None)
+    if found is not None:
+        assert_type(found.files["config.json"], memoryview)
+        load_state(found, model=torch.nn.Linear(4, 2))
+    assert_type(resume_verified(ckpts, ["model.rank0.pt"]), VerifiedCheckpoint | None)

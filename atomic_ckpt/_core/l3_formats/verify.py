@@ -30,6 +30,8 @@ def verify(
     workers: int,
     progress: Progress | None = None,
     keep: Collection[str] = (),
+    only: Collection[str] | None = None,
+    hashed_elsewhere: Collection[str] = (),
 ) -> dict[str, memoryview]:
     """Check every entry of ``ckpt``'s manifest against the disk, and that nothing was added.
 
@@ -37,6 +39,15 @@ def verify(
     checkpoint) as they were read and hashed: a loader handed them reads nothing
     again, so a verified load reads each byte from storage once. Other files are
     hashed and dropped.
+
+    The work can be split among processes (the ranks of
+    ``atomic_ckpt.distributed.resume_verified``), whose parts together make one whole
+    verify: ``only`` checks just the manifest's entries at those paths (paths it does
+    not list are ignored; the tree is not walked, so nothing is reported as added;
+    each path is looked up without following a symlink on its way), with the marker's
+    own checks; ``hashed_elsewhere`` names regular files whose bytes another process
+    hashes (unless also in ``keep``): here their type and size are checked, and
+    nothing of them is read.
 
     One pass over the tree as it is on disk: it is walked (never through a
     symlink) and its regular files are hashed on ``workers`` threads as they are
@@ -68,15 +79,24 @@ def verify(
         found.append((ckpt.path, f"cannot check checksums of algorithm {algorithm!r} here"))
         algorithm = None
     meter = None if progress is None else _Meter(m.total_size)  # the header's: nothing parsed
-    if progress is not None and meter is not None:
+    if progress is not None and meter is not None and only is None:
         progress(0, meter.total)
     top = os.fspath(ckpt.path)
+    elsewhere = frozenset(hashed_elsewhere).difference(keep)
     with Workers(workers) as pool:
-        disk, jobs, listing_error = _walk_and_hash(
-            pool, top, m=m, algorithm=algorithm, meter=meter, workers=workers, keep=keep
-        )
-        if listing_error is not None:
-            found.append((ckpt.path, f"cannot list the checkpoint: {listing_error}"))
+        if only is None:
+            disk, jobs, listing_error = _walk_and_hash(
+                pool,
+                top,
+                m=m,
+                algorithm=algorithm,
+                meter=meter,
+                workers=workers,
+                keep=keep,
+                elsewhere=elsewhere,
+            )
+            if listing_error is not None:
+                found.append((ckpt.path, f"cannot list the checkpoint: {listing_error}"))
         try:  # parsed here, while the workers read
             files = m.files
         except ManifestError as exc:
@@ -84,6 +104,17 @@ def verify(
             raise VerificationError(
                 damaged, path=ckpt.path / MARKER, step=ckpt.step, problems=(damaged,)
             ) from exc
+        if only is not None:
+            wanted = set(only)
+            files = tuple(e for e in files if e.path in wanted)
+            if progress is not None and meter is not None:  # this part's bytes, to read
+                meter.total = sum(
+                    e.size for e in files if e.type == "file" and e.path not in elsewhere
+                )
+                progress(0, meter.total)
+            disk, jobs = _look_up_and_hash(
+                pool, top, files, algorithm=algorithm, meter=meter, keep=keep, elsewhere=elsewhere
+            )
         if progress is not None and meter is not None:
             pending = set(jobs)
             while pending:
@@ -98,7 +129,8 @@ def verify(
     if progress is not None and meter is not None and meter.done < meter.total:
         progress(meter.total, meter.total)  # files not read (missing, no checksum) count too
     for entry in files:
-        problem = _compare(top, entry, disk.get(entry.path), algorithm)
+        hashed = None if entry.path in elsewhere else algorithm
+        problem = _compare(top, entry, disk.get(entry.path), hashed)
         if problem is not None:
             found.append((ckpt.path / entry.path, problem))
     listed = {e.path for e in files}
@@ -106,7 +138,7 @@ def verify(
         (ckpt.path / rel, "not in the manifest (added after the commit)")
         for rel in disk
         if rel not in listed
-    ]
+    ]  # (a part, ``only``, looked up its listed paths alone: nothing here)
     if found:
         problems = tuple(f"{path}: {why}" for path, why in found)
         more = f" (and {len(found) - 1} more: see .problems)" if len(found) > 1 else ""
@@ -145,13 +177,15 @@ def _walk_and_hash(
     meter: _Meter | None,
     workers: int,
     keep: Collection[str] = (),
+    elsewhere: Collection[str] = (),
 ) -> tuple[dict[str, _OnDisk], list[Future[list[_Hashed]]], OSError | None]:
     """Walk ``top``; hand its regular files to ``pool`` in batches as they are found.
 
     A job per 64 KiB file cost more in thread handoffs than hashing it, so small
     files go in batches of consecutive names (at least four jobs a thread, at
     most 64 files, one file a job once they average 8 MiB: the manifest's header
-    tells), keeping as many reads in flight as there are threads.
+    tells), keeping as many reads in flight as there are threads. The files of
+    ``elsewhere`` (hashed by another process) are only sized, in jobs of their own.
     """
     count = max(m.file_count, 1)
     per_job = (
@@ -160,6 +194,7 @@ def _walk_and_hash(
     disk: dict[str, _OnDisk] = {}
     jobs: list[Future[list[_Hashed]]] = []
     kept: list[str] = []
+    sized: list[str] = []
     batch: list[str] = []
     error: OSError | None = None
     try:
@@ -172,6 +207,9 @@ def _walk_and_hash(
                 if rel in keep:  # mapped and kept: the loader gets the pages hashed
                     kept.append(rel)
                     continue
+                if rel in elsewhere:  # another process reads it: its size is enough here
+                    sized.append(rel)
+                    continue
                 batch.append(rel)
                 if len(batch) >= per_job:
                     jobs.append(pool.submit(functools.partial(_hash, top, batch, algorithm, meter)))
@@ -182,12 +220,76 @@ def _walk_and_hash(
         error = exc
     if batch:
         jobs.append(pool.submit(functools.partial(_hash, top, batch, algorithm, meter)))
+    for start in range(0, len(sized), _BATCH_FILES):  # an lstat each: no data read
+        chunk = sized[start : start + _BATCH_FILES]
+        jobs.append(pool.submit(functools.partial(_hash, top, chunk, None, None)))
     if kept:
         # One job for all of them, one file after the other: these are a loader's large
         # files, and two cold sequential streams at once read slower here than one
         # (1 GiB cold: 0.7 s alone, 2.3 s side by side on this VM's disk).
         jobs.append(pool.submit(functools.partial(_read, top, kept, algorithm, meter)))
     return disk, jobs, error
+
+
+def _look_up_and_hash(
+    pool: Workers,
+    top: str,
+    entries: tuple[FileEntry, ...],
+    *,
+    algorithm: str | None,
+    meter: _Meter | None,
+    keep: Collection[str],
+    elsewhere: Collection[str],
+) -> tuple[dict[str, _OnDisk], list[Future[list[_Hashed]]]]:
+    """A part of a verify (``only``): look up each of ``entries``' paths as the walk would
+    see it, and hand the regular files among them to ``pool`` as the walk does."""
+    disk: dict[str, _OnDisk] = {}
+    dirs: dict[str, bool] = {}
+    kept: list[str] = []
+    batch: list[str] = []
+    for entry in entries:
+        on_disk = _look_up(top, entry.path, dirs)
+        if on_disk is None:
+            continue  # not there for the walk either: _compare says why
+        if on_disk.kind != "file" or entry.path in elsewhere:
+            disk[entry.path] = on_disk  # (a regular file's lstat size: no data read)
+        elif entry.path in keep:
+            kept.append(entry.path)
+        else:
+            batch.append(entry.path)
+    jobs = [
+        pool.submit(functools.partial(_hash, top, batch[i : i + _BATCH_FILES], algorithm, meter))
+        for i in range(0, len(batch), _BATCH_FILES)
+    ]
+    if kept:  # (one job, one file after the other: see _walk_and_hash)
+        jobs.append(pool.submit(functools.partial(_read, top, kept, algorithm, meter)))
+    return disk, jobs
+
+
+def _look_up(top: str, rel: str, dirs: dict[str, bool]) -> _OnDisk | None:
+    """What the walk would find at ``rel`` (None: nothing), by lstat, never through a
+    symlink: each directory on its way must be a real one (``dirs`` caches the answers)."""
+    parts = rel.split("/")
+    for depth in range(1, len(parts)):
+        parent = "/".join(parts[:depth])
+        if parent not in dirs:
+            try:
+                dirs[parent] = stat.S_ISDIR(os.lstat(f"{top}/{parent}").st_mode)
+            except OSError:
+                dirs[parent] = False
+        if not dirs[parent]:
+            return None
+    try:
+        st = os.lstat(f"{top}/{rel}")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return _OnDisk("other", error=exc.strerror or str(exc))
+    if stat.S_ISREG(st.st_mode):
+        return _OnDisk("file", st.st_size)
+    if stat.S_ISDIR(st.st_mode):
+        return _DIR
+    return _SYMLINK if stat.S_ISLNK(st.st_mode) else _OTHER
 
 
 def _read(top: str, rels: list[str], algorithm: str | None, meter: _Meter | None) -> list[_Hashed]:
@@ -246,6 +348,8 @@ def _compare(
     """Why ``entry`` does not match what the walk ``found`` at its path, or None."""
     if found is None:
         return _why_missing(top, entry.path)
+    if found.kind == "other" and found.error is not None:  # (a part's lookup failed)
+        return f"cannot be looked up: {found.error}"
     if entry.type == "dir":
         return None if found.kind == "dir" else "should be a directory"
     if entry.type == "symlink":

@@ -52,6 +52,9 @@ class VerifiedCheckpoint(NamedTuple):
 
 
 PathLike = str | os.PathLike[str]
+Verifier = Callable[[Checkpoint, Collection[str]], Mapping[str, memoryview]]
+"""``verifier(checkpoint, read)`` of :meth:`CheckpointDir.resume_verified`: the views of
+``read``, or VerificationError to pass the candidate over."""
 
 
 class CheckpointDir(TrainerOps):
@@ -192,7 +195,7 @@ class CheckpointDir(TrainerOps):
         return None if found is None else found.checkpoint
 
     def resume_verified(
-        self, read: Collection[str], *, fresh: bool = False
+        self, read: Collection[str], *, fresh: bool = False, verifier: Verifier | None = None
     ) -> VerifiedCheckpoint | None:
         """:meth:`resume_point` with ``verify=True``, and the bytes of the files named in
         ``read`` (paths relative to the checkpoint) as they were mapped to verify it.
@@ -203,11 +206,22 @@ class CheckpointDir(TrainerOps):
         measures what it costs). A file of ``read`` that the checkpoint does not hold is
         simply absent from ``files``. A newest checkpoint that does not verify is skipped
         with a warning, as in :meth:`latest`; the same refusals as :meth:`resume_point`.
+
+        ``verifier(checkpoint, read)``, if given, verifies each candidate (newest first,
+        its marker read whole) instead of this process checking all of it: it returns
+        the views of the files of ``read`` or raises :class:`~atomic_ckpt.VerificationError`
+        to pass the candidate over (other errors propagate).
+        :func:`atomic_ckpt.distributed.resume_verified` splits the work among ranks so.
         """
-        return self._resume(verify=True, fresh=fresh, read=frozenset(read))
+        return self._resume(verify=True, fresh=fresh, read=frozenset(read), verifier=verifier)
 
     def _newest(
-        self, *, verify: bool, read: Collection[str], rejected: list[tuple[Path, str]]
+        self,
+        *,
+        verify: bool,
+        read: Collection[str],
+        rejected: list[tuple[Path, str]],
+        verifier: Verifier | None = None,
     ) -> VerifiedCheckpoint | None:
         """The newest checkpoint (that verifies, with ``verify``), with the kept views of
         ``read``; each one passed over for not verifying is added to ``rejected``."""
@@ -216,7 +230,11 @@ class CheckpointDir(TrainerOps):
                 return VerifiedCheckpoint(ckpt, {})
             try:
                 checked = self.get(ckpt.step)  # its marker read whole, as verify() does
-                files = _verify.verify(checked, workers=self.workers, keep=read)
+                files: Mapping[str, memoryview]
+                if verifier is None:
+                    files = _verify.verify(checked, workers=self.workers, keep=read)
+                else:
+                    files = verifier(checked, read)
             except (VerificationError, CheckpointNotFoundError) as exc:
                 log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
                 problems = getattr(exc, "problems", ())
@@ -227,10 +245,10 @@ class CheckpointDir(TrainerOps):
         return None
 
     def _resume(
-        self, *, verify: bool, fresh: bool, read: Collection[str]
+        self, *, verify: bool, fresh: bool, read: Collection[str], verifier: Verifier | None = None
     ) -> VerifiedCheckpoint | None:
         rejected: list[tuple[Path, str]] = []
-        found = self._newest(verify=verify, read=read, rejected=rejected)
+        found = self._newest(verify=verify, read=read, rejected=rejected, verifier=verifier)
         if found is not None or fresh:
             return found
         reasons = dict(rejected)  # passed over by the verify
