@@ -27,7 +27,9 @@ What changes, and nothing else does (names, layout and files stay Hugging Face's
   deletion with ``save_total_limit=1`` (by name, with ``rmtree``: a kill midway left a
   marked, half-deleted directory) is switched off and done durably instead.
 * ``train(resume_from_checkpoint=True)`` resumes from the newest *complete* checkpoint
-  (verified against its manifest with ``verify_on_resume=True``), chosen by rank 0 for
+  (verified against its manifest with ``verify_on_resume=True``, and then loaded from the
+  pages the verification read: each byte from storage once, see
+  :class:`AtomicCheckpointMixin`), chosen by rank 0 for
   every rank, after removing what killed saves left (``CheckpointDir.clean()``: never a
   live save of another process). :func:`last_checkpoint` is the same choice for scripts,
   in place of ``transformers.trainer_utils.get_last_checkpoint`` (which returns any
@@ -108,6 +110,11 @@ PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     # files are in the staging dir) and called once the commit is done; and made to
     # leave the library's temporary entries out of its uploads (see HUB_IGNORE_PATTERNS).
     "_push_from_checkpoint": ("self", "checkpoint_folder"),
+    # Wrapped (super(), then release): the loads of a verified resume, after each of which
+    # the mappings of the files it read are released (see AtomicCheckpointMixin).
+    "_load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),
+    "_load_optimizer_and_scheduler": ("self", "checkpoint"),
+    "_load_rng_state": ("self", "checkpoint"),
 }
 """Every private ``Trainer`` method this module overrides or redirects, with its parameters.
 
@@ -122,6 +129,25 @@ directory holds none). ``*`` matches across ``/``, so nothing inside them goes e
 
 CHECKPOINT_PREFIX = f"{PREFIX_CHECKPOINT_DIR}-"
 """``checkpoint-``: the step directories are Hugging Face's ``checkpoint-N``."""
+
+_OPTIMIZER_FILES = ("optimizer", "scheduler")
+"""What ``Trainer._load_optimizer_and_scheduler`` reads: ``optimizer.pt``, ``scheduler.pt``
+(and the ``optimizer*`` of FSDP), by the start of their names."""
+_LATE_FILES = ("rng_state", "scaler", "trainer_state")
+"""What Trainer reads after the optimizer (``trainer_state.json``, twice, ``scaler.pt``)
+or at the first step (``rng_state*.pth``), by the start of their names."""
+
+
+def _read_with(name: str) -> str:
+    """Which of Trainer's resume loads reads the checkpoint file ``name``: ``"optimizer"``,
+    ``"late"`` (RNG, scaler, trainer state) or ``"model"`` (everything else: the weights,
+    ``config.json``, adapters; files Trainer never reads go with them)."""
+    base = name.rsplit("/", 1)[-1]
+    if base.startswith(_OPTIMIZER_FILES):
+        return "optimizer"
+    if base.startswith(_LATE_FILES):
+        return "late"
+    return "model"
 
 
 def check_transformers(version: str, trainer: type[Any] = Trainer) -> bool:
@@ -296,8 +322,25 @@ class AtomicCheckpointMixin(_Base):
 
     Keyword options, taken before the rest go to the ``Trainer``: ``verify_on_resume``
     (``resume_from_checkpoint=True`` takes the newest checkpoint whose files match its
-    manifest, reading them all once) and ``durable`` (False: no fsync; atomic against a
-    killed process, not against a power loss).
+    manifest) and ``durable`` (False: no fsync; atomic against a killed process, not
+    against a power loss).
+
+    A verified resume reads each byte once. In one process, ``verify_on_resume=True`` with
+    ``train(resume_from_checkpoint=True)`` hashes every file of the checkpoint through a
+    memory mapping (``CheckpointDir.resume_verified``) and holds those mappings while
+    ``Trainer`` loads the files by their paths (the weights and ``config.json``,
+    ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``, ``rng_state.pth``,
+    ``trainer_state.json``, which it reads twice): its reads are served from the very pages
+    hashed, so each byte comes from storage once, by the verification. The bound holds while
+    the checkpoint fits in the page cache beside the training process: nothing pins the
+    pages, and one the kernel evicts in between is read again. The mappings of each group
+    are released as soon as the load that reads it returns (``_load_from_checkpoint``,
+    ``_load_optimizer_and_scheduler``, ``_load_rng_state``: the first step), the rest when
+    ``train`` returns. Not covered: a path passed as ``resume_from_checkpoint`` (it is not
+    verified), :func:`last_checkpoint` (it returns a path: the files are read again by
+    Trainer, from storage unless still cached), and several ranks (rank 0 verifies and
+    holds nothing; every rank reads the files it loads, from its node's page cache when
+    the verification's pages are still there).
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -314,6 +357,7 @@ class AtomicCheckpointMixin(_Base):
         self._atomic_durable = durable
         self._atomic_limit: int | None = None
         self._atomic_in_train = False
+        self._atomic_views: dict[str, memoryview] = {}
         world = self.args.world_size
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if self.args.save_on_each_node and per_node < world:
@@ -340,7 +384,7 @@ class AtomicCheckpointMixin(_Base):
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             if self.args.output_dir is None:
                 raise ValueError("resume_from_checkpoint=True needs args.output_dir")
-            found = last_checkpoint(self.args.output_dir, verify=self._atomic_verify, clean=True)
+            found = self._resume_point(self.args.output_dir)
             if found is None:
                 # Trainer's own words first: code that matches them keeps working.
                 raise ValueError(
@@ -361,6 +405,7 @@ class AtomicCheckpointMixin(_Base):
         try:
             output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
         finally:
+            self._atomic_views = {}  # whatever no load released (no RNG file, say)
             self.args.save_total_limit = self._atomic_limit
             self._atomic_in_train = False
         self._keep_only_best(trial)
@@ -434,7 +479,55 @@ class AtomicCheckpointMixin(_Base):
         with _hub_uploads():
             return super().push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """``Trainer._load_from_checkpoint``; then the mappings of what it read are released."""
+        try:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        finally:
+            self._release("model")
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """``Trainer._load_optimizer_and_scheduler``; then their files' mappings are released."""
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            self._release("optimizer")
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """``Trainer._load_rng_state`` (the last of a resume's loads); then every mapping
+        still held is released."""
+        try:
+            super()._load_rng_state(checkpoint)
+        finally:
+            self._release("optimizer", "model", "late")
+
     # ------------------------------------------------------------------ internals
+
+    def _resume_point(self, output_dir: str) -> str | None:
+        """The checkpoint ``resume_from_checkpoint=True`` means (as :func:`last_checkpoint`
+        with ``clean=True``). Verified in one process, the mappings its files were hashed
+        through are kept in ``_atomic_views`` for Trainer's loads (see the class)."""
+        if not self._atomic_verify or _distributed():
+            return last_checkpoint(output_dir, verify=self._atomic_verify, clean=True)
+        ckpts = _checkpoints(output_dir)
+        _clean(ckpts)
+        # Which files to keep mapped: every regular file of the newest checkpoint (the one
+        # verified, unless it fails and an older one, saved by the same Trainer, is taken).
+        newest = ckpts.latest()
+        names = (
+            [] if newest is None else [e.path for e in newest.manifest.files if e.type == "file"]
+        )
+        found = ckpts.resume_verified(names)
+        if found is None:
+            return None
+        self._atomic_views = dict(found.files)
+        return str(found.checkpoint.path)
+
+    def _release(self, *groups: str) -> None:
+        """Drop the mappings of the files read by the loads named in ``groups`` (unmapped
+        when the last reference goes: the views are this object's only ones)."""
+        for name in [n for n in self._atomic_views if _read_with(n) in groups]:
+            del self._atomic_views[name]
 
     def _fix_best_path(self, run_dir: str, staging: Path) -> None:
         """Trainer looked for the best checkpoint in the staging dir: point it at the root."""

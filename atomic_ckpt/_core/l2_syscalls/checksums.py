@@ -62,6 +62,21 @@ _HASHERS: dict[str, Callable[[], _Hasher]] = {
 }
 
 
+def new_hasher(algorithm: str) -> _Hasher:
+    """An incremental hasher of ``algorithm`` (``update(buffer)``, ``hexdigest()``): for
+    bytes hashed as they are written or read elsewhere, giving the digest
+    :func:`checksum_file` gives for the same bytes. ValueError for a name that is not
+    built in (an algorithm registered in ``CHECKSUMS`` later is a function of an fd only).
+    """
+    try:
+        make = _HASHERS[algorithm]
+    except KeyError:
+        raise ValueError(
+            f"unknown checksum {algorithm!r}; choose one of {sorted(_HASHERS)}"
+        ) from None
+    return make()
+
+
 def checksum_fd(
     fd: int,
     algorithm: str,

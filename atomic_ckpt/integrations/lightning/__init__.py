@@ -16,6 +16,11 @@
   directory (:func:`atomic_ckpt.atomic_write`): a crash leaves the old file or the new one,
   never a torn one. Deletes are durable; loading uses ``weights_only=True`` unless the
   caller (``trainer.fit(..., weights_only=False)``) says otherwise.
+* Each file :class:`AtomicCheckpointIO` saves carries the checksum of its bytes (in its zip
+  comment: still a plain ``torch.save`` file). ``AtomicCheckpointIO(verify_on_load=True)``
+  checks it before a load and loads from the very pages hashed (each byte read from storage
+  once while the file fits in the page cache); a file that does not match or carries no
+  checksum is refused with a :class:`~atomic_ckpt.VerificationError` naming it.
 * ``AtomicCheckpointIO(async_save=True)``: the training loop does not wait for the write.
   Saves, deletes and ``last`` links run in the order Lightning asked for them, on one
   background thread, so a delete or a link made after a save waits until that save is

@@ -1,12 +1,14 @@
 """The ``CheckpointIO`` plugin of :mod:`atomic_ckpt.integrations.lightning`: atomic, durable
-``.ckpt`` saves, durable deletes, atomic ``last`` links, and the ordered background thread of
-``async_save=True``; also :func:`_local`, the local-path check the sharded strategies share.
+``.ckpt`` saves that carry their checksum, verified loads, durable deletes, atomic ``last``
+links, and the ordered background thread of ``async_save=True``; also :func:`_local`, the
+local-path check the sharded strategies share.
 
 Imported by the public module after its check that torch and Lightning are installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -22,6 +24,8 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_name
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls.checksums import new_hasher
+from atomic_ckpt.integrations.lightning import _checked
 
 if TYPE_CHECKING:
     # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
@@ -48,12 +52,34 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
     ``async_save=True`` writes in a background thread, in order (see the docstring of
     :mod:`atomic_ckpt.integrations.lightning`). ``durable=False`` skips the fsyncs: still
     atomic against a crash of the process, not against a power loss.
+
+    ``checksum`` is the algorithm each saved file records its checksum with (``"xxh3_128"``,
+    the default, ``"crc32"``, ``"sha256"``; hashed as ``torch.save`` writes, stored in the
+    file's zip comment, which every zip reader and ``torch.load`` ignore), or None for none.
+    ``verify_on_load=True`` checks each file against that checksum before it is loaded, and
+    loads it from the very pages hashed (each byte fetched from storage once, as long as the
+    file fits in the page cache beside the loaded state); a file that does not match, or
+    carries no checksum (saved by another ``CheckpointIO``, or with ``checksum=None``), is
+    refused with a :class:`~atomic_ckpt.VerificationError` naming it. The sharded strategies
+    load full-state files the same way and refuse a checkpoint directory (its shards carry
+    no checksums).
     """
 
-    def __init__(self, *, async_save: bool = False, durable: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        async_save: bool = False,
+        durable: bool = True,
+        checksum: str | None = "xxh3_128",
+        verify_on_load: bool = False,
+    ) -> None:
         super().__init__()
+        if checksum is not None:
+            new_hasher(checksum)  # ValueError now, not at the first save
         self.async_save = async_save
         self.durable = durable
+        self.checksum = checksum
+        self.verify_on_load = verify_on_load
         self._executor: ThreadPoolExecutor | None = None
         self._queued: list[Future[None]] = []
         self._error: BaseException | None = None
@@ -61,7 +87,10 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         self._state = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(async_save={self.async_save}, durable={self.durable})"
+        return (
+            f"{type(self).__name__}(async_save={self.async_save}, durable={self.durable}, "
+            f"checksum={self.checksum!r}, verify_on_load={self.verify_on_load})"
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned trainer pickles its plugins: nothing may be in flight then.
@@ -104,17 +133,21 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         map_location: Any | None = _default_map_location,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Load ``path`` (after every queued save), with ``weights_only=True`` by default."""
+        """Load ``path`` (after every queued save), with ``weights_only=True`` by default;
+        with ``verify_on_load``, only if it matches the checksum it carries."""
         if self.async_save:
             self._refuse_unordered_links()  # a resumed fit: before it trains
         self.wait()
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        loaded: dict[str, Any] = torch.load(
-            path,
-            map_location=map_location,
-            weights_only=True if weights_only is None else weights_only,
-        )
+        with _checked.verified(path) if self.verify_on_load else contextlib.nullcontext():
+            # Verified: loaded by name while the mapping it was hashed through is held, so
+            # its pages come from memory (a file object over the mapping copies: slower).
+            loaded: dict[str, Any] = torch.load(
+                path,
+                map_location=map_location,
+                weights_only=True if weights_only is None else weights_only,
+            )
         return loaded
 
     def teardown(self) -> None:
@@ -177,7 +210,10 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
 
     def _save_now(self, checkpoint: dict[str, Any], path: str) -> None:
         with atomic_write(path, durable=self.durable, parents=True) as tmp:
-            torch.save(checkpoint, tmp)
+            if self.checksum is None:
+                torch.save(checkpoint, tmp)
+            else:
+                _checked.save(checkpoint, tmp, self.checksum)
 
     def _remove_now(self, path: str) -> None:
         # A sharded checkpoint is a directory: it disappears at once, then is removed.

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from atomic_ckpt import CheckpointDir, commit_directory, remove_directory, temp_name
+from atomic_ckpt.integrations.lightning import _checked
 from atomic_ckpt.integrations.lightning._io import _local
 
 if TYPE_CHECKING:
@@ -58,6 +59,23 @@ class _AtomicShardedSave(_StrategyBase):
         if self.is_global_zero:
             commit_directory(staging, final)
         self.barrier("atomic_ckpt: the checkpoint directory is in place")
+
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """The strategy's load (which reads files itself, never through the
+        ``CheckpointIO``); with the IO's ``verify_on_load``, a full-state file is first
+        checked against its checksum and loaded from the pages hashed, and a checkpoint
+        directory is refused: its shards are committed without checksums."""
+        if not getattr(self.checkpoint_io, "verify_on_load", False):
+            return super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        path = _local(self.broadcast(os.fspath(checkpoint_path)))  # the one every rank loads
+        if os.path.isdir(path):
+            raise ValueError(
+                f"verify_on_load=True cannot verify the sharded checkpoint directory {path}: "
+                "its shards are committed without checksums. Load it with "
+                "verify_on_load=False (the commit still makes it atomic and durable)"
+            )
+        with _checked.verified(path):  # every rank checks the file it loads
+            return super().load_checkpoint(path, *args, **kwargs)
 
     def teardown(self) -> None:
         super().teardown()

@@ -267,6 +267,9 @@ def test_an_untested_version_warns_and_a_changed_private_method_is_refused() -> 
         "_save_checkpoint",
         "_get_output_dir",
         "_push_from_checkpoint",
+        "_load_from_checkpoint",
+        "_load_optimizer_and_scheduler",
+        "_load_rng_state",
     }
 
 
