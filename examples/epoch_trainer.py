@@ -11,6 +11,12 @@
 * A restart resumes from the newest complete checkpoint and ends bit-identical to a
   run that was never stopped. A run directory of checkpoints written without
   atomic_ckpt (no markers) is refused unless ``--fresh``.
+* Under ``torchrun`` (gloo) every rank trains the same model and rank 0 alone saves;
+  the other ranks wait for its commit, and resume from the step rank 0 chose.
+
+It mirrors the trainer this library was made for. Its *glue*, the statements that exist
+only to adapt to the library (not the saves and loads, which replace ``torch.save`` and
+``torch.load`` one for one), are the 16 lines marked ``# glue`` below.
 """
 
 from __future__ import annotations
@@ -18,20 +24,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import signal
 import sys
 import threading
-from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from atomic_ckpt import (
-    CheckpointDir,
-    CheckpointNotFoundError,
-    RetentionPolicy,
-    UnmarkedCheckpointsError,
-)
+from atomic_ckpt import CheckpointDir, RetentionPolicy, UnmarkedCheckpointsError  # glue
+from atomic_ckpt.distributed import rank0_commit, resume
 from atomic_ckpt.torch import load_state, write_state
 
 INTERRUPTED = "interrupted"
@@ -70,19 +74,8 @@ class Trainer:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
         self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1, gamma=0.8)
         self.ckpts = CheckpointDir(args.run_dir)
+        self.rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.epoch = self.done = self.global_step = 0  # where training continues
-
-    def save(self, commit: AbstractContextManager[Path]) -> None:
-        """Write the training state into a commit's staging dir; leaving the block publishes."""
-        with commit as path:
-            write_state(
-                path,
-                step=self.global_step,
-                model=self.model,
-                optimizer=self.opt,
-                scheduler=self.sched,
-                epoch=self.epoch,
-            )
 
     def position(self, complete: bool) -> dict[str, object]:
         return {
@@ -92,34 +85,53 @@ class Trainer:
             "epoch_complete": complete,
         }
 
+    def save_checkpoint(self, target: int | str, **options: Any) -> None:
+        """Model, optimizer, scheduler and position into checkpoint ``target`` (an epoch,
+        or a name): committed here when called alone, added to an open commit of it."""
+        with rank0_commit(self.ckpts, target, join=True, **options) as path:  # glue
+            if path is not None:  # rank 0 (the others wait for its commit)
+                write_state(
+                    path,
+                    step=self.global_step,
+                    model=self.model,
+                    optimizer=self.opt,
+                    scheduler=self.sched,
+                    epoch=self.epoch,
+                )
+
     def save_epoch(self) -> None:
-        alias = f"epoch{self.epoch}_step{self.global_step}"
-        commit = self.ckpts.commit(
-            self.epoch, metadata=self.position(True), aliases=[alias], replace_aliases=True
-        )  # a re-saved epoch keeps one label, its own
-        self.save(commit)
+        """The epoch's checkpoint, labelled ``epoch<e>_step<s>`` (a re-saved epoch keeps
+        one label, its own), with the run's config; then validation amends it."""
+        label = f"epoch{self.epoch}_step{self.global_step}"
+        meta = self.position(True)
+        with rank0_commit(
+            self.ckpts, self.epoch, metadata=meta, aliases=[label], replace_aliases=True
+        ) as path:
+            self.save_checkpoint(self.epoch)  # joins this commit
+            if path is not None:
+                config = {k: v for k, v in vars(self.args).items() if k != "run_dir"}
+                (path / "config.json").write_text(json.dumps(config, sort_keys=True) + "\n")
         self.validate_and_amend(self.epoch)
 
     def validate_and_amend(self, epoch: int) -> None:
         """Validation after the save: amend the checkpoint, then point the best and prune."""
         loss = validate(self.model, self.args.seed)
-        with self.ckpts.amend(epoch, metadata={"val_loss": loss}) as path:
-            (path / "val_metrics.json").write_text(json.dumps({"val_loss": loss}) + "\n")
-        self.ckpts.retain(RETAIN)
+        if self.rank0:
+            with self.ckpts.amend(epoch, metadata={"val_loss": loss}) as path:
+                (path / "val_metrics.json").write_text(json.dumps({"val_loss": loss}) + "\n")
+            self.ckpts.retain(RETAIN)
         print(f"epoch {epoch} val_loss {loss:.6f}", flush=True)
 
     def resume(self) -> None:
         """Promote a newer `interrupted` checkpoint, then load the newest complete one."""
-        try:
-            named = self.ckpts.get_named(INTERRUPTED)
-        except CheckpointNotFoundError:
-            named = None
-        latest = self.ckpts.latest()
-        newest = latest.manifest.metadata.get("global_step", -1) if latest else -1
-        if named is not None and named.manifest.metadata["global_step"] >= newest:
-            self.ckpts.promote_named(INTERRUPTED, named.manifest.metadata["epoch"])
-        ckpt = self.ckpts.resume_point(fresh=self.args.fresh)  # refuses unmarked dirs
-        self.ckpts.clean()  # what a killed run left behind: staging dirs, old copies
+        if self.rank0:  # glue
+            named = {n.name: n for n in self.ckpts.named()}.get(INTERRUPTED)  # glue
+            latest = self.ckpts.latest()  # glue
+            newest = latest.manifest.metadata["global_step"] if latest else -1  # glue
+            if named and named.manifest.metadata["global_step"] >= newest:  # glue
+                self.ckpts.promote_named(named.name, named.manifest.metadata["epoch"])  # glue
+            self.ckpts.clean()  # glue: what a killed run left behind
+        ckpt = resume(self.ckpts, fresh=self.args.fresh)  # refuses unmarked dirs
         if ckpt is None:
             return
         load_state(ckpt, model=self.model, optimizer=self.opt, scheduler=self.sched)
@@ -130,10 +142,10 @@ class Trainer:
             meta["global_step"],
         )
         if meta["epoch_complete"]:
-            if "val_loss" not in meta:  # killed between the save and its amend
-                self.validate_and_amend(self.epoch)
-            else:  # killed, maybe, between the amend and the retention
-                self.ckpts.retain(RETAIN)
+            if "val_loss" not in meta:  # glue: killed between the save and its amend
+                self.validate_and_amend(self.epoch)  # glue
+            elif self.rank0:  # glue: killed, maybe, between the amend and the retention
+                self.ckpts.retain(RETAIN)  # glue
             self.epoch, self.done = self.epoch + 1, 0
         print(f"resumed from {ckpt.path.name}: epoch {self.epoch} step {self.done}", flush=True)
 
@@ -143,7 +155,7 @@ class Trainer:
                 train_step(self.model, self.opt, *batch(self.args.seed, self.epoch, self.done))
                 self.done, self.global_step = self.done + 1, self.global_step + 1
                 if stop.is_set():
-                    self.save(self.ckpts.commit_named(INTERRUPTED, metadata=self.position(False)))
+                    self.save_checkpoint(INTERRUPTED, metadata=self.position(False))
                     print(f"interrupted at epoch {self.epoch} step {self.done}", flush=True)
                     return 0
             self.sched.step()
@@ -167,14 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():  # under torchrun
+        dist.init_process_group("gloo")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # acted on after the current step
     trainer = Trainer(args)
     try:
         trainer.resume()
-    except UnmarkedCheckpointsError as exc:
-        print(f"refusing to start: {exc}\nTo start from scratch anyway: --fresh", file=sys.stderr)
-        return 2
+    except UnmarkedCheckpointsError as exc:  # glue: the library's words, then ours
+        print(f"refusing to start: {exc}\n(--fresh starts over)", file=sys.stderr)  # glue
+        return 2  # glue
     return trainer.run(stop)
 
 

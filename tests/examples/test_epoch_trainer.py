@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -139,6 +141,56 @@ def test_the_example_runs_as_a_script(tmp_path: Path) -> None:
             check=True,
         )
         assert expect in proc.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def train_ranks(root: Path, world: int = 2) -> list[Run]:
+    """The example on ``world`` gloo ranks, launched as torchrun does (the env:// variables)."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(EXAMPLE), str(root), *ARGS],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    runs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        runs.append(Run(proc.returncode, out, err))
+    return runs
+
+
+def test_on_two_ranks_rank_0_saves_and_every_rank_resumes_from_its_choice(
+    tmp_path: Path, reference: tuple[str, dict[str, Any]]
+) -> None:
+    """Under torchrun: the run directory ends as a one-process run's does (rank 0 alone
+    saved), and a restart of both ranks resumes from the same checkpoint on each."""
+    root = tmp_path / "run"
+    first = train_ranks(root)
+    assert [r.returncode for r in first] == [0, 0], [r.err for r in first]
+    assert [r.line("done ") for r in first] == [reference[0]] * 2
+    assert state(root) == reference[1]
+    again = train_ranks(root)
+    assert [r.returncode for r in again] == [0, 0], [r.err for r in again]
+    assert [r.line("resumed from ") for r in again] == ["resumed from 3: epoch 4 step 0"] * 2
+
+
+def test_the_glue_is_the_lines_the_docstring_counts_and_at_most_20() -> None:
+    """The example's own count of the lines it needs only to adapt to the library."""
+    text = EXAMPLE.read_text()
+    marked = [ln for ln in text.splitlines() if ln.rstrip().endswith("# glue") or "# glue:" in ln]
+    claimed = re.search(r"are the (\d+) lines marked ``# glue``", text)
+    assert claimed is not None
+    assert len(marked) == int(claimed.group(1)) <= 20, marked
 
 
 KILLS = {
