@@ -75,9 +75,9 @@ except ImportError as _exc:  # pragma: no cover - exercised without the extra
         "pip install 'atomic_ckpt[transformers]'"
     ) from _exc
 
-from atomic_ckpt import TMP_INFIX, CheckpointDir, CheckpointNotFoundError, parse_step
+from atomic_ckpt import TMP_INFIX, Checkpoint, CheckpointDir, CheckpointNotFoundError, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
-from atomic_ckpt.distributed import distributed_commit, resume
+from atomic_ckpt.distributed import distributed_commit, resume, resume_verified
 from atomic_ckpt.integrations._versions import TestedRange, warn_if_untested
 
 __all__ = [
@@ -148,6 +148,16 @@ def _read_with(name: str) -> str:
     if base.startswith(_LATE_FILES):
         return "late"
     return "model"
+
+
+def _loaded_by(checkpoint: Checkpoint, rank: int, distributed: bool) -> list[str]:
+    """The files of ``checkpoint`` Trainer loads on ``rank``: all but the other ranks' RNG
+    states (``rng_state_<r>.pth``, one per process of a multi-process run)."""
+    names = [e.path for e in checkpoint.manifest.files if e.type == "file"]
+    if not distributed:
+        return names
+    mine = f"rng_state_{rank}.pth"
+    return [n for n in names if not (n.startswith("rng_state_") and n != mine)]
 
 
 def check_transformers(version: str, trainer: type[Any] = Trainer) -> bool:
@@ -337,10 +347,11 @@ class AtomicCheckpointMixin(_Base):
     are released as soon as the load that reads it returns (``_load_from_checkpoint``,
     ``_load_optimizer_and_scheduler``, ``_load_rng_state``: the first step), the rest when
     ``train`` returns. Not covered: a path passed as ``resume_from_checkpoint`` (it is not
-    verified), :func:`last_checkpoint` (it returns a path: the files are read again by
-    Trainer, from storage unless still cached), and several ranks (rank 0 verifies and
-    holds nothing; every rank reads the files it loads, from its node's page cache when
-    the verification's pages are still there).
+    verified) and :func:`last_checkpoint` (it returns a path: the files are read again by
+    Trainer, from storage unless still cached). With several ranks
+    (``atomic_ckpt.distributed.resume_verified``), each rank hashes and holds the files it
+    loads (the shared ones and its own ``rng_state_<r>.pth``), and rank 0 also the rest;
+    rank 0 chooses for every rank.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -505,19 +516,20 @@ class AtomicCheckpointMixin(_Base):
 
     def _resume_point(self, output_dir: str) -> str | None:
         """The checkpoint ``resume_from_checkpoint=True`` means (as :func:`last_checkpoint`
-        with ``clean=True``). Verified in one process, the mappings its files were hashed
-        through are kept in ``_atomic_views`` for Trainer's loads (see the class)."""
-        if not self._atomic_verify or _distributed():
-            return last_checkpoint(output_dir, verify=self._atomic_verify, clean=True)
+        with ``clean=True``). Verified, the mappings this process's files were hashed
+        through are kept in ``_atomic_views`` for Trainer's loads (see the class); with
+        several ranks, each hashes the files it loads and rank 0 chooses (collective)."""
+        if not self._atomic_verify:
+            return last_checkpoint(output_dir, clean=True)
         ckpts = _checkpoints(output_dir)
-        _clean(ckpts)
-        # Which files to keep mapped: every regular file of the newest checkpoint (the one
-        # verified, unless it fails and an older one, saved by the same Trainer, is taken).
+        if _rank() == 0:
+            _clean(ckpts)
+        # Which files to keep mapped: those of the newest checkpoint this rank loads (the
+        # one verified, unless it fails and an older one, saved by the same Trainer, is
+        # taken); every rank lists the root for that, but rank 0 alone chooses.
         newest = ckpts.latest()
-        names = (
-            [] if newest is None else [e.path for e in newest.manifest.files if e.type == "file"]
-        )
-        found = ckpts.resume_verified(names)
+        names = [] if newest is None else _loaded_by(newest, _rank(), _distributed())
+        found = resume_verified(ckpts, names)  # one process: ckpts.resume_verified(names)
         if found is None:
             return None
         self._atomic_views = dict(found.files)

@@ -5,8 +5,10 @@ the torchrun environment variables set), or through :func:`run` in a process for
 a server that has imported it once (what the tests do: a launch then costs a fork).
 Config keys: ``out`` (output_dir), ``steps``, ``save_steps``, ``limit``
 (save_total_limit), ``resume`` (bool), ``save_only_model``, ``save_on_each_node``,
-``kill`` (``[point, n]``: SIGKILL this process the n-th time it reaches ``point``, after writing
-``<out>/../killed-<point>-rank<r>``), ``result`` (a JSON file written when training ends).
+``verify`` (``verify_on_resume``), ``kill`` (``[point, n]``: SIGKILL this process the
+n-th time it reaches ``point``, after writing ``<out>/../killed-<point>-rank<r>``),
+``result`` (a JSON file rank 0 writes when training ends; each rank also writes
+``<result>.rank<r>``: the checkpoint it resumed from and the files it held mapped).
 
 Kill points: ``model`` (inside the model write: half the safetensors bytes are on disk),
 ``optimizer`` (the model is written, the optimizer is not), ``rng`` (everything but the
@@ -147,10 +149,25 @@ def main(cfg: dict[str, Any]) -> None:
         save_strategy="steps",
     )
     trainer = AtomicTrainer(
-        model=model, args=args, train_dataset=dataset(), processing_class=tokenizer()
+        model=model,
+        args=args,
+        train_dataset=dataset(),
+        processing_class=tokenizer(),
+        verify_on_resume=cfg.get("verify", False),
     )
     resumed_from = last_checkpoint(out) if cfg.get("resume") else None
+    chosen: list[str | None] = []
+    choose = trainer._resume_point
+
+    def resume_point(output_dir: str) -> str | None:
+        chosen.append(choose(output_dir))
+        chosen.append(",".join(sorted(trainer._atomic_views)))  # what this rank holds
+        return chosen[0]
+
+    trainer._resume_point = resume_point  # type: ignore[method-assign]
     trainer.train(resume_from_checkpoint=True if cfg.get("resume") else None)
+    if cfg.get("result"):
+        Path(f"{cfg['result']}.rank{rank()}").write_text(json.dumps(chosen))
     if cfg.get("result") and rank() == 0:
         Path(cfg["result"]).write_text(
             json.dumps({"resumed_from": resumed_from, "global_step": trainer.state.global_step})

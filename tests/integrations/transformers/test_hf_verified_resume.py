@@ -4,6 +4,7 @@ verification hashed (held until each load returns): each byte is read from stora
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -171,3 +172,40 @@ def test_a_verified_resume_reads_each_byte_of_the_checkpoint_from_storage_once(
     if read == 0:  # a filesystem without storage (tmpfs): nothing to count
         pytest.skip(f"{tmp_path} reads nothing from storage")
     assert 0.9 * total <= read <= 1.1 * total, (read, total)
+
+
+def test_on_two_ranks_each_rank_holds_what_it_loads_and_a_bad_shard_sends_both_back(
+    tmp_path: Path,
+) -> None:
+    """Two gloo ranks, verify_on_resume: each rank hashes and holds the shared files and its
+    own rng_state_<r>.pth, never the other's; the newest checkpoint with rank 1's RNG file
+    damaged (same size) makes both ranks resume from the one before."""
+    from hf_launch import launch
+
+    out = tmp_path / "out"
+    cfg: dict[str, object] = {"out": str(out), "steps": 4, "save_steps": 2}
+    assert launch(cfg, world=2, tmp=tmp_path).ok
+    result = tmp_path / "result.json"
+    resumed = {**cfg, "steps": 6, "resume": True, "verify": True, "result": str(result)}
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    run = launch(resumed, world=2, tmp=tmp_path)
+    assert run.ok, run.logs
+    for r in (0, 1):
+        chosen, held = json.loads(Path(f"{result}.rank{r}").read_text())
+        assert Path(chosen).name == "checkpoint-4"
+        names = set(held.split(","))
+        assert {"model.safetensors", "optimizer.pt", f"rng_state_{r}.pth"} <= names
+        assert f"rng_state_{1 - r}.pth" not in names
+
+    damaged = copy / "checkpoint-4" / "rng_state_1.pth"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    run = launch({**resumed, "out": str(copy)}, world=2, tmp=tmp_path)
+    assert run.ok, run.logs
+    for r in (0, 1):
+        chosen, _ = json.loads(Path(f"{result}.rank{r}").read_text())
+        assert Path(chosen).name == "checkpoint-2"
+    assert "rank 1" in run.logs[0]
+    assert "rng_state_1.pth" in run.logs[0]
