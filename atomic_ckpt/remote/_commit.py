@@ -3,6 +3,7 @@ uploads and commits through :func:`._protocol.publish`, or ``abort()`` removes."
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -39,7 +40,10 @@ class RemoteCommit:
     """One commit in progress: ``path`` is its local staging directory.
 
     ``publish()`` uploads and commits; ``abort()`` gives up. As a context manager,
-    a normal exit publishes and an exception aborts.
+    a normal exit publishes and an exception aborts. Only the process that began the
+    commit can end it: in a child forked meanwhile, ``publish()`` raises
+    :class:`~atomic_ckpt.CommitStateError`, and ``abort()`` (or an exception leaving the
+    block) leaves the parent's staging directory alone.
     """
 
     def __init__(
@@ -64,12 +68,14 @@ class RemoteCommit:
         self.path = parent / f"atomic_ckpt-{step}.tmp-{self.attempt}"
         self.path.mkdir()
         self._done = False
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         return f"RemoteCommit({self._rdir.url_of(self.step)!r}, path={str(self.path)!r})"
 
     def publish(self) -> RemoteCheckpoint:
         """Upload the staging directory's files and commit them; remove the staging dir."""
+        self._require_owner("publish")
         try:
             done = self._publish_from(self.path)
         finally:
@@ -101,7 +107,10 @@ class RemoteCommit:
         return done
 
     def abort(self) -> None:
-        """Give up (nothing was uploaded yet) or clean up after publishing."""
+        """Give up (nothing was uploaded yet) or clean up after publishing; in a forked
+        child, nothing (the staging directory is the parent's)."""
+        if os.getpid() != self._pid:
+            return
         self._done = True
         shutil.rmtree(self.path, ignore_errors=True)
 
@@ -118,3 +127,14 @@ class RemoteCommit:
             self.publish()
         else:
             self.abort()
+
+    def _require_owner(self, what: str) -> None:
+        if os.getpid() != self._pid:
+            raise CommitStateError(
+                f"cannot {what} the commit of {self._rdir.url_of(self.step)}: it belongs to "
+                f"process {self._pid}, and this is process {os.getpid()} (forked inside the "
+                "commit). Only the process that began a commit may publish or abort it; end "
+                "a forked child with os._exit()",
+                path=self.path,
+                step=self.step,
+            )

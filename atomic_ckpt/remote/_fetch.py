@@ -19,6 +19,7 @@ from atomic_ckpt import (
     VerificationError,
 )
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS
 from atomic_ckpt.remote import _protocol
 from atomic_ckpt.remote._protocol import RemoteCheckpoint
 from atomic_ckpt.remote._store import Store
@@ -60,6 +61,16 @@ def download(store: Store, ckpt: RemoteCheckpoint, name: str, into: Path, *, dur
     """Download ``ckpt``'s files into the empty directory ``into``, write its marker, and
     check every file against the manifest (type, size, checksum)."""
     m = ckpt.manifest
+    if m.checksum is not None and m.checksum not in CHECKSUMS:  # before any byte moves
+        why = (
+            f"its manifest's checksums are {m.checksum!r}, which this Python cannot compute "
+            f"(it has {', '.join(sorted(CHECKSUMS))}): install what provides it to fetch it"
+        )
+        raise VerificationError(
+            f"{ckpt.url}: cannot check a download against it: {why}",
+            step=ckpt.step,
+            problems=(f"{ckpt.url}: {why}",),
+        )
     prefix = _protocol.data_prefix(name, ckpt.attempt)
     files = [e for e in m.files if e.type == "file"]
     for e in m.files:

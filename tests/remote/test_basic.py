@@ -3,13 +3,19 @@ replace, delete, prune, clean, fetch, verify."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
 import pytest
 from _remote_support import S3, SMALL_PART, read_tree, write_tree
 
-from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, VerificationError
+from atomic_ckpt import (
+    CheckpointDir,
+    CheckpointNotFoundError,
+    CommitStateError,
+    VerificationError,
+)
 from atomic_ckpt.remote import ATTEMPT_KEY, RemoteCheckpointDir, UnsupportedStoreError
 
 
@@ -267,3 +273,58 @@ def test_a_missing_bucket_is_an_error_not_a_missing_step(s3_server: S3, tmp_path
         assert "create it" in str(caught.value), what
     assert not (tmp_path / "dest").exists()
     assert not issubclass(NoSuchBucketError, CheckpointNotFoundError)
+
+
+def test_fetching_a_checkpoint_whose_checksums_this_python_cannot_compute_refuses_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest naming an algorithm this Python lacks (here: as if xxhash were missing):
+    a VerificationError that names it, raised before anything is downloaded or created."""
+    import atomic_ckpt.remote._fetch as fetch_module
+
+    rdir = RemoteCheckpointDir(f"memory://atomic-{uuid.uuid4().hex}", staging_dir=tmp_path / "s")
+    with rdir.commit(2) as path:
+        (path / "model.bin").write_bytes(b"weights")
+    lacking = {k: v for k, v in fetch_module.CHECKSUMS.items() if k != "xxh3_128"}
+    monkeypatch.setattr(fetch_module, "CHECKSUMS", lacking)
+    with pytest.raises(VerificationError, match="'xxh3_128', which this Python cannot") as caught:
+        rdir.fetch(2, tmp_path / "out" / "2")
+    assert caught.value.problems
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_inside_a_remote_commit_never_ends_it(tmp_path: Path) -> None:
+    """In the child: publish() is CommitStateError, and an exception leaving the block (or
+    abort()) leaves the parent's staging directory alone; the parent then publishes all."""
+    rdir = RemoteCheckpointDir(f"memory://atomic-{uuid.uuid4().hex}", staging_dir=tmp_path / "s")
+    commit = rdir.begin(3)
+    (commit.path / "before.bin").write_bytes(b"before the fork")
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        status = 99
+        try:
+            try:
+                commit.publish()
+                status = 1
+            except CommitStateError as exc:
+                status = 0 if "forked inside the commit" in str(exc) else 2
+            commit.abort()
+            try:
+                with commit:
+                    raise KeyError("the child fails")
+            except KeyError:
+                pass
+            if status == 0 and not (commit.path / "before.bin").is_file():
+                status = 3
+        finally:
+            os._exit(status)
+    _, wait_status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(wait_status) == 0
+    (commit.path / "after.bin").write_bytes(b"after the child exited")
+    commit.publish()
+    fetched = rdir.fetch(3, tmp_path / "out" / "3")
+    assert read_tree(fetched.path) == {
+        "before.bin": b"before the fork",
+        "after.bin": b"after the child exited",
+    }

@@ -65,6 +65,11 @@ class ManifestError(CheckpointError, ValueError):
     is not valid UTF-8), or a manifest naming a checksum algorithm this Python lacks."""
 
 
+class NewerFormatError(ManifestError):
+    """A marker in a format version newer than this atomic_ckpt reads: written by a
+    newer release, and likely complete (upgrade to read it)."""
+
+
 class VerificationError(CheckpointError, OSError):
     """A checkpoint's files do not match its manifest (missing, wrong size or checksum).
 
@@ -112,6 +117,16 @@ class UnusableCheckpointsError(CheckpointError, FileExistsError):
         super().__init__(message, path=path, step=step)
         self.paths = paths
         self.problems = problems
+
+
+class NewerCheckpointsError(UnusableCheckpointsError):
+    """A resume found checkpoints newer than the one it would resume from, in a marker
+    format newer than this atomic_ckpt reads (a newer release wrote them).
+
+    Resuming from the older one would train over them and, at their step, replace
+    them. Upgrade atomic_ckpt, or move them away. ``paths`` lists them; ``problems``
+    says what each is.
+    """
 
 
 class UnmarkedCheckpointsError(UnusableCheckpointsError):

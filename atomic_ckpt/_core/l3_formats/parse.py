@@ -9,7 +9,7 @@ import math
 import zlib
 from typing import Any
 
-from atomic_ckpt._core.l1_names.errors import ManifestError
+from atomic_ckpt._core.l1_names.errors import ManifestError, NewerFormatError
 from atomic_ckpt._core.l3_formats.marker import (
     _CRC32_RE,
     _MAX_TOTAL_SIZE,
@@ -18,10 +18,12 @@ from atomic_ckpt._core.l3_formats.marker import (
     MAX_FILE_SIZE,
     MAX_HEADER_BYTES,
     MAX_MARKER_BYTES,
+    VERSION,
     FileEntry,
     Header,
     decode_floats,
 )
+from atomic_ckpt._version import __version__
 
 # ---------------------------------------------------------------- parsing
 
@@ -72,6 +74,11 @@ def _check_header(doc: object) -> tuple[dict[str, Any], Header | None]:
     if not isinstance(doc, dict):
         raise ManifestError("marker is JSON but not an object")
     version = doc.get("version")
+    if doc.get("format") == FORMAT and type(version) is int and version > VERSION:
+        raise NewerFormatError(
+            f"written by a newer atomic_ckpt (marker format version {version}; atomic_ckpt "
+            f"{__version__} reads versions 1 to {VERSION}): upgrade atomic_ckpt to use it"
+        )
     if doc.get("format") != FORMAT or type(version) is not int or version not in (1, 2):
         raise ManifestError(
             f"unsupported manifest format {doc.get('format')!r} version {doc.get('version')!r}"

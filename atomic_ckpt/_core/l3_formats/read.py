@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from atomic_ckpt._core.l1_names.errors import ManifestError
+from atomic_ckpt._core.l1_names.errors import ManifestError, NewerFormatError
 from atomic_ckpt._core.l1_names.names import MARKER, TMP_INFIX, parse_step, parse_tmp
 from atomic_ckpt._core.l3_formats.manifest import (
     MAGIC,
@@ -65,6 +65,7 @@ class Entry:
     ``status`` is ``complete`` (a valid marker), ``unmarked`` (no marker: legacy
     or broken), ``invalid`` (a marker that is not a manifest, see ``problem``) or
     ``staging`` (a save in progress or its leftovers; ``step`` may be None).
+    ``newer_format``: invalid only because a newer atomic_ckpt wrote its marker.
     """
 
     name: str
@@ -73,6 +74,7 @@ class Entry:
     status: Status
     manifest: Manifest | None = None
     problem: str | None = None
+    newer_format: bool = False
 
 
 # ---------------------------------------------------------------- one marker
@@ -99,8 +101,8 @@ def read_marker(directory: Path, *, body: bool = True) -> Manifest | None:
         ) from None
     try:
         return _read_open(fd, marker, body=body)
-    except ManifestError as exc:
-        raise ManifestError(f"marker {marker}: {exc}", path=marker) from None
+    except ManifestError as exc:  # the same kind (NewerFormatError stays one), with the path
+        raise type(exc)(f"marker {marker}: {exc}", path=marker) from None
     finally:
         os.close(fd)
 
@@ -170,7 +172,7 @@ class _MarkerBody:
                 raise ManifestError("it was replaced since it was listed; look it up again")
             return _pread(fd, size - len(self.header), len(self.header))
         except ManifestError as exc:
-            raise ManifestError(f"marker {self.marker}: {exc}", path=self.marker) from None
+            raise type(exc)(f"marker {self.marker}: {exc}", path=self.marker) from None
         finally:
             os.close(fd)
 
@@ -181,7 +183,8 @@ def classify(path: Path, step: int, *, body: bool = True) -> Entry:
     try:
         manifest = read_marker(path, body=body)
     except ManifestError as exc:
-        return Entry(path.name, path, step, "invalid", problem=str(exc))
+        newer = isinstance(exc, NewerFormatError)
+        return Entry(path.name, path, step, "invalid", problem=str(exc), newer_format=newer)
     except OSError as exc:
         return Entry(path.name, path, step, "invalid", problem=f"cannot read marker: {exc}")
     if manifest is None:
@@ -281,8 +284,11 @@ def complete(root: Path, prefix: str, warned: set[Path]) -> list[Checkpoint]:
     return result
 
 
-def newest(root: Path, prefix: str, warned: set[Path]) -> Iterator[Checkpoint]:
-    """The complete checkpoints of ``root``, highest step first, each read when it is due.
+def newest(
+    root: Path, prefix: str, warned: set[Path], skipped: list[Entry] | None = None
+) -> Iterator[Checkpoint]:
+    """The complete checkpoints of ``root``, highest step first, each read when it is due;
+    each step directory passed over as incomplete is added to ``skipped`` (if given).
 
     The root's names are listed and sorted; a candidate is looked at (lstat,
     marker) only when every higher step has been found incomplete (warned once
@@ -324,6 +330,8 @@ def newest(root: Path, prefix: str, warned: set[Path]) -> Iterator[Checkpoint]:
                 yield Checkpoint(step, path, e.manifest)
             else:
                 _warn_skipped(e, warned)
+                if skipped is not None:
+                    skipped.append(e)
         if not vanished:
             return
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple, SupportsIndex
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     InvalidRootError,
+    NewerCheckpointsError,
     UnmarkedCheckpointsError,
     UnusableCheckpointsError,
     VerificationError,
@@ -190,6 +191,12 @@ class CheckpointDir(TrainerOps):
         on to its user; ``paths`` and ``problems`` carry the same for an application
         that words its own (and names its own switch for ``fresh=True``, which starts
         over deliberately).
+
+        Resuming from an older checkpoint below ones a newer atomic_ckpt wrote (a newer
+        marker format version) is refused too, ``fresh`` or not:
+        :class:`~atomic_ckpt.NewerCheckpointsError` (upgrade, or move them away), since
+        the job would train over them and replace them at their step. Other incomplete
+        steps above the one found are skipped with a warning, as by :meth:`latest`.
         """
         found = self._resume(verify=verify, fresh=fresh, read=())
         return None if found is None else found.checkpoint
@@ -222,10 +229,12 @@ class CheckpointDir(TrainerOps):
         read: Collection[str],
         rejected: list[tuple[Path, str]],
         verifier: Verifier | None = None,
+        skipped: list[Entry] | None = None,
     ) -> VerifiedCheckpoint | None:
         """The newest checkpoint (that verifies, with ``verify``), with the kept views of
-        ``read``; each one passed over for not verifying is added to ``rejected``."""
-        for ckpt in _read.newest(self.root, self.prefix, self._root.warned):
+        ``read``; each one passed over for not verifying is added to ``rejected``, each
+        step directory above it that is not complete to ``skipped``."""
+        for ckpt in _read.newest(self.root, self.prefix, self._root.warned, skipped):
             if not verify:
                 return VerifiedCheckpoint(ckpt, {})
             try:
@@ -248,7 +257,13 @@ class CheckpointDir(TrainerOps):
         self, *, verify: bool, fresh: bool, read: Collection[str], verifier: Verifier | None = None
     ) -> VerifiedCheckpoint | None:
         rejected: list[tuple[Path, str]] = []
-        found = self._newest(verify=verify, read=read, rejected=rejected, verifier=verifier)
+        skipped: list[Entry] = []
+        found = self._newest(
+            verify=verify, read=read, rejected=rejected, verifier=verifier, skipped=skipped
+        )
+        newer = [e for e in skipped if e.newer_format]
+        if found is not None and newer:
+            raise self._newer_error(found.checkpoint, newer)
         if found is not None or fresh:
             return found
         reasons = dict(rejected)  # passed over by the verify
@@ -277,6 +292,20 @@ class CheckpointDir(TrainerOps):
             "or start the run from scratch deliberately, which trains over them",
             path=self.root,
             paths=tuple(p for p, _ in listed),
+            problems=problems,
+        )
+
+    def _newer_error(self, found: Checkpoint, newer: list[Entry]) -> NewerCheckpointsError:
+        problems = tuple(f"{e.path}: {e.problem}" for e in newer)
+        return NewerCheckpointsError(
+            f"{self.root} holds {len(newer)} checkpoint(s) newer than step {found.step} that "
+            "a newer atomic_ckpt wrote:\n  "
+            + "\n  ".join(problems)
+            + f"\nResuming from step {found.step} would train over them and replace them. "
+            "Upgrade atomic_ckpt (pip install -U atomic_ckpt) to resume from the newest, or "
+            "move them out of the root to resume from the older one",
+            path=self.root,
+            paths=tuple(e.path for e in newer),
             problems=problems,
         )
 
