@@ -179,7 +179,9 @@ def async_save(
     """``dcp.async_save(state_dict, storage_writer=AtomicWriter(ckpts, step, **options))``
     on every rank (thread executor); the returned future's error, if the commit
     failed, is one :class:`~atomic_ckpt.DistributedCommitError` (the failing rank:
-    its own error). Returns once the state is staged (copied to CPU memory)."""
+    its own error), also logged (``atomic_ckpt.dcp``, ERROR) when it happens, for a
+    script that never reads the future. Returns once the state is staged (copied to CPU
+    memory)."""
     from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 
     writer = AtomicWriter(ckpts, step, **options)
@@ -200,6 +202,15 @@ def async_save(
             translated = _translate(exc, writer)
             if translated is not exc:
                 translated.__cause__ = exc
+            # Said now, not only through the future: a script that never reads it would
+            # otherwise end without a word about the checkpoint it does not have.
+            log.error(
+                "the asynchronous save of step %s to %s failed, so it was not committed "
+                "(the checkpoints committed before are intact): %s",
+                writer.step,
+                writer.ckpts.root,
+                translated,
+            )
             outer.set_exception(translated)
 
     inner.add_done_callback(relay)

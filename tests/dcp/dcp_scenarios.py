@@ -164,6 +164,29 @@ def rank_raises(ctx: Ctx) -> Any:
     return None
 
 
+@scenario
+def async_failure_unread(ctx: Ctx) -> Any:
+    """The victim's shard write fails in ``async_save``; the script waits for the future
+    but never reads it: what the library logged meanwhile, on each rank."""
+    import concurrent.futures
+    import logging
+
+    if ctx.rank == ctx.params["victim"]:
+
+        def failing(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
+            (ctx.out / "fired").write_text(str(self.path))
+            raise OSError(28, "disk full on purpose")
+
+        FileSystemWriter.write_data = failing  # type: ignore[method-assign]
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("atomic_ckpt.dcp").addHandler(handler)
+    future = async_save(state_for(ctx.rank, 2), ctx.ckpts, 2, timeout=TIMEOUT)
+    concurrent.futures.wait([future])
+    return {"logged": records, "failed": future.exception() is not None}
+
+
 @contextlib.contextmanager
 def _dying_stream(self: _CreatedFiles, path: Any, mode: str) -> Iterator[Any]:
     """Open the shard, write half of something, then SIGKILL this process."""

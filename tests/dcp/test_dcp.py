@@ -115,6 +115,22 @@ def test_a_rank_raising_in_write_data_fails_every_rank(
     assert leftovers(ckpts.root) == []  # removed at once, not left for clean()
 
 
+def test_a_failed_async_save_nobody_reads_is_logged_on_every_rank(
+    run_dcp: Runner, tmp_path: Path
+) -> None:
+    """A script that never reads async_save's future still hears of the failure: an ERROR
+    from atomic_ckpt.dcp on every rank, naming the step and saying nothing was committed."""
+    results = run_dcp("async_failure_unread", 2, victim=1)
+    assert (tmp_path / "out0" / "fired").exists()  # the fault fired
+    for r in results:
+        assert r.exitcode == 0, r
+        assert r.data["failed"] is True
+        assert any(
+            "asynchronous save of step 2" in m and "not committed" in m for m in r.data["logged"]
+        ), r.data
+    assert CheckpointDir(tmp_path / "ckpts").steps() == []
+
+
 @pytest.mark.parametrize(("world", "victim"), [(2, 1), (2, 0), (4, 3)])
 def test_a_rank_killed_mid_write_fails_the_survivors_in_time(
     run_dcp: Runner, tmp_path: Path, world: int, victim: int
