@@ -317,11 +317,15 @@ def rank0_saves_nested(ctx: Ctx) -> Any:
     ``interrupted`` checkpoint; what every rank sees after each block."""
 
     def save_checkpoint(step: int) -> bool:
-        """Writes the model; commits when called alone. True if it joined an open commit."""
+        """Writes the model; commits when called alone. True if it joined an open commit
+        (judged on rank 0, which publishes; the other ranks' blocks yield None either way,
+        and rank 0 may publish before they look)."""
         with rank0_commit(ctx.ckpts, step, join=True, timeout=TIMEOUT) as path:
             if path is not None:
                 (path / "model.bin").write_bytes(payload(0, step))
-        return step not in ctx.ckpts.steps()  # joined: nothing published yet
+            elif ctx.rank == 0:
+                raise AssertionError("rank 0 got no directory")
+        return ctx.rank != 0 or step not in ctx.ckpts.steps()  # joined: not published yet
 
     seen: dict[str, Any] = {}
     with rank0_commit(
@@ -332,7 +336,8 @@ def rank0_saves_nested(ctx: Ctx) -> Any:
             (path / "trainer_state.json").write_text("{}")
     seen["steps"] = ctx.ckpts.steps()
     seen["aliases"] = sorted(ctx.ckpts.aliases(5))
-    seen["alone"] = not save_checkpoint(6)  # no open commit: it committed step 6 itself
+    save_checkpoint(6)  # no open commit: it commits step 6 itself, every rank waiting
+    seen["alone"] = 6 in ctx.ckpts.steps()
     with rank0_commit(ctx.ckpts, "interrupted", metadata={"epoch": 1}, timeout=TIMEOUT) as path:
         if path is not None:
             (path / "model.bin").write_bytes(payload(0, 7))
