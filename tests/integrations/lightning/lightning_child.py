@@ -71,12 +71,22 @@ def arm(point: str, nth: int, marker: Path) -> None:
         real_save = torch.save
 
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-            if isinstance(f, str | os.PathLike) and ".tmp-" in os.fspath(f) and due():
+            # The plain IO saves to a path; AtomicCheckpointIO to a writer over the opened
+            # temporary file (it hashes what torch.save writes): its file's name says which.
+            named = f if isinstance(f, str | os.PathLike) else getattr(f, "_file", None)
+            target = os.fspath(
+                named if isinstance(named, str | os.PathLike) else getattr(named, "name", "")
+            )
+            if ".tmp-" in target and due():
                 buf = io.BytesIO()
                 real_save(obj, buf, *args, **kwargs)
                 data = buf.getvalue()
-                with open(f, "wb") as fh:
-                    fh.write(data[: len(data) // 2])
+                if isinstance(f, str | os.PathLike):
+                    with open(f, "wb") as fh:
+                        fh.write(data[: len(data) // 2])
+                else:
+                    f.write(data[: len(data) // 2])
+                    f.flush()
                 die()
             real_save(obj, f, *args, **kwargs)
 
