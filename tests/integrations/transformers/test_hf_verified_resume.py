@@ -17,7 +17,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import torch
+import transformers
 from hf_trainer_child import dataset, tokenizer
+from packaging.version import Version
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
 from atomic_ckpt import CheckpointDir
@@ -174,6 +176,12 @@ def test_a_verified_resume_reads_each_byte_of_the_checkpoint_from_storage_once(
     assert 0.9 * total <= read <= 1.1 * total, (read, total)
 
 
+# Before 5.18 Trainer itself cannot resume a multi-process run on CPU under this torch (it
+# loads the optimizer with map_location="cpu:0"), with or without atomic_ckpt.
+@pytest.mark.skipif(
+    Version(transformers.__version__) < Version("5.18"),
+    reason="transformers < 5.18 cannot resume a multi-process CPU run (map_location='cpu:0')",
+)
 def test_on_two_ranks_each_rank_holds_what_it_loads_and_a_bad_shard_sends_both_back(
     tmp_path: Path,
 ) -> None:
