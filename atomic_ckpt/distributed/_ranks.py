@@ -67,12 +67,19 @@ def _coordination_group(
     pg = _GROUPS.get(key)
     if pg is None:
         ranks = None if group is None else dist.get_process_group_ranks(group)
-        made = dist.new_group(
-            ranks=ranks,
-            timeout=timedelta(seconds=timeout),
-            backend="gloo",
-            use_local_synchronization=group is not None,
-        )
+        try:
+            made = dist.new_group(
+                ranks=ranks,
+                timeout=timedelta(seconds=timeout),
+                backend="gloo",
+                use_local_synchronization=group is not None,
+            )
+        except RuntimeError as exc:  # gloo's connectFullMesh: a rank died while connecting
+            raise DistributedCommitError(
+                f"rank {dist.get_rank()} lost contact with the other ranks while connecting "
+                f"to them for the {purpose} (timeout {timeout:g}s): a rank crashed, hung or "
+                f"is too slow (resume() after the restart shows what is complete). Cause: {exc}"
+            ) from exc
         assert made is not None  # every caller is a member
         pg = _GROUPS[key] = made
     return pg

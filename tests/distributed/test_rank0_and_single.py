@@ -137,3 +137,32 @@ def test_without_a_process_group_rank0_commit_joins_names_and_labels(tmp_path: P
     with pytest.raises(ValueError, match="retain"), rank0_commit(ckpts, "x", retain=RETAIN):
         pass
     assert ckpts.steps() == [3, 4]
+
+
+def test_a_rank_lost_while_the_ranks_connect_is_a_distributed_commit_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gloo failing to connect the coordination group (a rank died meanwhile: what a rank 0
+    killed at once looks like to rank 1) is a DistributedCommitError, not gloo's error."""
+    import torch.distributed as dist
+
+    from atomic_ckpt import DistributedCommitError
+    from atomic_ckpt.distributed import _ranks
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    calls: list[object] = []
+
+    def lost(*args: object, **kwargs: object) -> object:
+        calls.append(kwargs)
+        raise RuntimeError("Gloo connectFullMesh failed: Connection closed by peer (on purpose)")
+
+    try:
+        monkeypatch.setattr(_ranks.dist, "new_group", lost)
+        with pytest.raises(DistributedCommitError, match="lost contact") as caught:
+            _ranks._coordination_group(None, 12.345)
+        assert calls  # the failure was injected where the group is made
+        assert "on purpose" in str(caught.value)
+    finally:
+        monkeypatch.undo()
+        dist.destroy_process_group()
