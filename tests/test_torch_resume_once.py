@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from treeutil import evict, storage_bytes
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
@@ -52,25 +53,6 @@ def _commit(ckpts: CheckpointDir, step: int, seed: int) -> Mixed:
     return model
 
 
-def _storage_bytes() -> int:
-    """Bytes this process has caused to be fetched from storage (/proc/self/io read_bytes:
-    reads and page faults alike, page-cache hits not)."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    raise AssertionError("no read_bytes in /proc/self/io")
-
-
-def _evict(directory: Path) -> None:
-    """Drop a committed (so clean) checkpoint's pages from the page cache."""
-    for path in directory.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def test_a_verified_resume_loads_the_same_state_as_an_unverified_one(tmp_path: Path) -> None:
     """Tied weights, bf16/f16/int64/bool/empty tensors and the optimizer round-trip."""
     ckpts = CheckpointDir(tmp_path / "ckpts")
@@ -104,10 +86,10 @@ def test_a_verified_resume_opens_no_file_again_after_hashing_it(
     monkeypatch.setattr(atorch, "load_model", no_file_load)
     model, opt = _state(5)
     os.sync()
-    _evict(ckpt.path)
-    before = _storage_bytes()
+    evict(ckpt.path)
+    before = storage_bytes()
     state = resume(ckpts, model=model, optimizer=opt, verify=True)
-    read = _storage_bytes() - before
+    read = storage_bytes() - before
     assert state is not None
     if read:  # 0 where the filesystem has no storage (tmpfs)
         assert read < 1.5 * total + (1 << 20), (read, total)  # once, plus markers and readahead

@@ -52,3 +52,27 @@ def with_marker(root: Path, name: str, marker: bytes = b"") -> Path:
     path = unmarked(root, name)
     (path / MARKER).write_bytes(marker)
     return path
+
+
+def storage_bytes() -> int:
+    """Bytes this process has caused to be fetched from storage (/proc/self/io read_bytes:
+    reads and page faults alike, page-cache hits not)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("no read_bytes in /proc/self/io")
+
+
+def evict(path: Path) -> None:
+    """Drop a file's pages, or those of every regular file under a directory, from the page
+    cache (each is fsynced first: only clean pages can be dropped)."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        if file.is_symlink():
+            continue
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

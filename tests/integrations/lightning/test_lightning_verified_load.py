@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from treeutil import evict, storage_bytes
 
 pytest.importorskip("torch", reason="needs the [torch] extra")
 pytest.importorskip("lightning", reason="needs the [lightning] extra")
@@ -152,24 +153,6 @@ def test_a_file_without_a_checksum_is_refused_and_checksum_none_saves_none(
         AtomicCheckpointIO(checksum="md5")
 
 
-def _storage_bytes() -> int:
-    """Bytes this process has caused to be fetched from storage (/proc/self/io read_bytes:
-    reads and page faults alike, page-cache hits not)."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    raise AssertionError("no read_bytes in /proc/self/io")
-
-
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_a_verified_load_fetches_each_byte_from_storage_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,10 +175,10 @@ def test_a_verified_load_fetches_each_byte_from_storage_once(
     monkeypatch.setattr(_checked, "map_file", counting_map)
     io = AtomicCheckpointIO(verify_on_load=True)
 
-    _evict(path)
-    before = _storage_bytes()
+    evict(path)
+    before = storage_bytes()
     loaded = io.load_checkpoint(path)
-    read = _storage_bytes() - before
+    read = storage_bytes() - before
     assert mapped == [str(path)]
     assert same(loaded, state)
     if read == 0:  # a filesystem without storage (tmpfs): nothing to count
@@ -203,14 +186,14 @@ def test_a_verified_load_fetches_each_byte_from_storage_once(
     assert 0.9 * size <= read <= 1.1 * size, (read, size)
 
     # The measure tells once from twice: hashing, dropping the pages, then loading.
-    _evict(path)
-    before = _storage_bytes()
+    evict(path)
+    before = storage_bytes()
     with _checked.verified(path):
         pass
-    _evict(path)
+    evict(path)
     io.verify_on_load = False
     io.load_checkpoint(path)
-    assert _storage_bytes() - before >= 1.8 * size
+    assert storage_bytes() - before >= 1.8 * size
 
 
 class _FakeStrategy:

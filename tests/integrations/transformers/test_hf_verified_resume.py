@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from treeutil import evict, storage_bytes
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -126,26 +127,6 @@ def test_a_newest_checkpoint_that_does_not_verify_is_passed_over_for_the_one_bef
     assert "optimizer.pt" in trainer.held["optimizer"]  # checkpoint-2's, mapped and verified
 
 
-def _storage_bytes() -> int:
-    """Bytes this process has caused to be fetched from storage (/proc/self/io read_bytes:
-    reads and page faults alike, page-cache hits not)."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    raise AssertionError("no read_bytes in /proc/self/io")
-
-
-def _evict(directory: Path) -> None:
-    """Drop a committed (so clean) checkpoint's pages from the page cache."""
-    for path in directory.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def test_a_verified_resume_reads_each_byte_of_the_checkpoint_from_storage_once(
     tmp_path: Path,
 ) -> None:
@@ -166,10 +147,10 @@ def test_a_verified_resume_reads_each_byte_of_the_checkpoint_from_storage_once(
 
     trainer = make_trainer(out, width=256, verify=True, max_steps=5, save_steps=4)
     os.sync()
-    _evict(ckpt.path)
-    before = _storage_bytes()
+    evict(ckpt.path)
+    before = storage_bytes()
     trainer.train(resume_from_checkpoint=True)
-    read = _storage_bytes() - before
+    read = storage_bytes() - before
     assert {"model.safetensors", "optimizer.pt"} <= trainer.held["model"]
     if read == 0:  # a filesystem without storage (tmpfs): nothing to count
         pytest.skip(f"{tmp_path} reads nothing from storage")
