@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, Protocol, SupportsIndex
+from typing import Any, BinaryIO, Protocol, SupportsIndex
 
 import torch
 from safetensors.torch import load_model, save_model
@@ -138,8 +138,16 @@ def load_state(
         path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
         read = {}
     with _Pickles(path, _pickled(optimizer, scheduler), device) as pickles:
-        objects = _Objects(model, optimizer, scheduler)
-        return _load(path, read, pickles, objects, strict=strict, device=device)
+        return _load(
+            path,
+            read,
+            pickles,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            strict=strict,
+            device=device,
+        )
 
 
 def resume(
@@ -182,8 +190,16 @@ def resume(
             return None
         path = verified.checkpoint.path
         if early.opened_what(path):  # the files deserialized early are the ones hashed
-            objects = _Objects(model, optimizer, scheduler)
-            return _load(path, verified.files, early, objects, strict=True, device=device)
+            return _load(
+                path,
+                verified.files,
+                early,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                strict=True,
+                device=device,
+            )
     return load_state(
         verified, model=model, optimizer=optimizer, scheduler=scheduler, device=device
     )
@@ -194,24 +210,19 @@ def _pickled(optimizer: _Stateful | None, scheduler: _Stateful | None) -> list[s
     return [n for n, o in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)) if o]
 
 
-class _Objects(NamedTuple):
-    model: torch.nn.Module
-    optimizer: _Stateful | None
-    scheduler: _Stateful | None
-
-
 def _load(
     path: Path,
     read: Mapping[str, memoryview],
     pickles: _Pickles,
-    objects: _Objects,
     *,
+    model: torch.nn.Module,
+    optimizer: _Stateful | None,
+    scheduler: _Stateful | None,
     strict: bool,
     device: str,
 ) -> TrainingState:
     """Load into the objects: the model from ``read`` (else its file), the rest from
     ``pickles`` (being deserialized meanwhile) and the JSON from ``read`` (else its file)."""
-    model, optimizer, scheduler = objects
     if MODEL_FILE in read:
         _load_model_bytes(model, read[MODEL_FILE], strict=strict, device=device)
     else:

@@ -69,6 +69,7 @@ imports torch.distributed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import operator
 import os
@@ -247,33 +248,27 @@ def rank0_commit(
     Without a process group it is ``ckpts.commit(step, ...)`` (the path, never None),
     with ``join`` as for ``ckpts.commit``.
     """
-    key = (str(ckpts.root), step if isinstance(step, str) else operator.index(step))
+    target: int | str = step if isinstance(step, str) else operator.index(step)
+    name = target if isinstance(target, str) else None
+    number = None if isinstance(target, str) else target
+    key = (str(ckpts.root), target)
     if join and key in _OPEN_RANK0:
         yield _OPEN_RANK0[key]
         return
-    what = f"{step!r}" if isinstance(step, str) else f"step {key[1]}"
-    number = None if isinstance(step, str) else operator.index(step)
-    if isinstance(step, str) and retain is not None:
-        raise ValueError(f"retain= applies to step checkpoints, not the named one {step!r}")
     options: dict[str, Any] = {
         "metadata": metadata,
         "aliases": aliases,
         "replace_aliases": replace_aliases,
     }
-    if not isinstance(step, str):
-        options["retain"] = retain
-
-    @contextlib.contextmanager
-    def committed(join: bool) -> Iterator[Path]:
-        if isinstance(step, str):
-            with ckpts.commit_named(step, join=join, **options) as path:
-                yield path
-        else:
-            with ckpts.commit(step, join=join, **options) as path:
-                yield path
-
+    if isinstance(target, str):
+        if retain is not None:
+            raise ValueError(f"retain= applies to step checkpoints, not the named one {name!r}")
+        committed = functools.partial(ckpts.commit_named, target, **options)
+    else:
+        committed = functools.partial(ckpts.commit, target, retain=retain, **options)
+    what = f"{name!r}" if name is not None else f"step {number}"
     if _single_process(group):
-        with committed(join) as path, _open_rank0(key, path):
+        with committed(join=join) as path, _open_rank0(key, path):
             yield path
         return
     _all_entered(group, "rank0_commit", entry_timeout, number)
@@ -282,7 +277,7 @@ def rank0_commit(
     mine: BaseException | None = None
     if ranks.rank == 0:
         try:
-            with committed(False) as path, _open_rank0(key, path):
+            with committed(join=False) as path, _open_rank0(key, path):
                 yield path
         except BaseException as exc:
             outcome = exc

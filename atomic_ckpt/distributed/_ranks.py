@@ -188,21 +188,31 @@ def _failures(outcomes: list[str | None], skip: int | None = None) -> list[tuple
     return [(r, why) for r, why in enumerate(outcomes) if why is not None and r != skip]
 
 
-def _failure_error(step: int, failed: list[tuple[int, str]], phase: str) -> DistributedCommitError:
+def _failure_error(
+    step: int, failed: list[tuple[int, str]], phase: str, what: str | None = None
+) -> DistributedCommitError:
     detail = "; ".join(f"rank {r}: {why}" for r, why in failed)
+    outcome = "" if what is not None else ". Nothing was promoted"
     return DistributedCommitError(
-        f"the commit of step {step} failed {phase} on rank(s) "
-        f"{', '.join(str(r) for r, _ in failed)} ({detail}). Nothing was promoted",
+        f"{what or f'the commit of step {step}'} failed {phase} on rank(s) "
+        f"{', '.join(str(r) for r, _ in failed)} ({detail}){outcome}",
         step=step,
         ranks=tuple(r for r, _ in failed),
     )
 
 
 def raise_failures(
-    mine: BaseException | None, failed: list[tuple[int, str]], *, rank: int, step: int, phase: str
+    mine: BaseException | None,
+    failed: list[tuple[int, str]],
+    *,
+    rank: int,
+    step: int,
+    phase: str,
+    what: str | None = None,
 ) -> None:
     """After the ranks exchanged their outcomes: a rank that failed raises its own error
-    (with the other failed ranks in a note); the rest raise one naming the failed ranks."""
+    (with the other failed ranks in a note); the rest raise one naming the failed ranks.
+    ``what`` failed (default: the commit of ``step``, which then promoted nothing)."""
     if mine is not None:
         others = [(r, w) for r, w in failed if r != rank]
         if others:
@@ -212,7 +222,7 @@ def raise_failures(
             )
         raise mine
     if failed:
-        raise _failure_error(step, failed, phase)
+        raise _failure_error(step, failed, phase, what)
 
 
 def checked_listing(

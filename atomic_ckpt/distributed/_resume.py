@@ -34,7 +34,7 @@ from atomic_ckpt import (
     VerifiedCheckpoint,
 )
 from atomic_ckpt._core.l3_formats import verify as _verify
-from atomic_ckpt.distributed._ranks import _describe, _Ranks
+from atomic_ckpt.distributed._ranks import _describe, _Ranks, raise_failures
 
 Views = dict[str, memoryview]
 Outcome = tuple[Literal["verify", "error"], tuple[str, ...]] | None
@@ -149,16 +149,8 @@ def _raise_errors(outcomes: list[Outcome], mine: Exception | None, *, rank: int,
     """Where a rank's part failed other than by not verifying, every rank raises: that rank
     its own error, the others a DistributedCommitError naming it."""
     failed = [(r, o[1][0]) for r, o in enumerate(outcomes) if o is not None and o[0] == "error"]
-    if mine is not None:
-        raise mine
-    if failed:
-        detail = "; ".join(f"rank {r}: {why}" for r, why in failed)
-        raise DistributedCommitError(
-            f"verifying checkpoint step {step} for the resume failed on rank(s) "
-            f"{', '.join(str(r) for r, _ in failed)} ({detail})",
-            step=step,
-            ranks=tuple(r for r, _ in failed),
-        )
+    what = f"verifying checkpoint step {step}"
+    raise_failures(mine, failed, rank=rank, step=step, phase="for the resume", what=what)
 
 
 def _rejection(ckpt: Checkpoint, outcomes: list[Outcome]) -> VerificationError:

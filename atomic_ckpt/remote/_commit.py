@@ -75,7 +75,6 @@ class RemoteCommit:
 
     def publish(self) -> RemoteCheckpoint:
         """Upload the staging directory's files and commit them; remove the staging dir."""
-        self._require_owner("publish")
         try:
             done = self._publish_from(self.path)
         finally:
@@ -85,6 +84,7 @@ class RemoteCommit:
         return done
 
     def _publish_from(self, directory: Path) -> RemoteCheckpoint:
+        self._require_owner()
         if self._done:
             raise CommitStateError("this commit was already published or aborted")
         self._done = True
@@ -128,13 +128,13 @@ class RemoteCommit:
         else:
             self.abort()
 
-    def _require_owner(self, what: str) -> None:
+    def _require_owner(self) -> None:
         if os.getpid() != self._pid:
             raise CommitStateError(
-                f"cannot {what} the commit of {self._rdir.url_of(self.step)}: it belongs to "
+                f"cannot publish the commit of {self._rdir.url_of(self.step)}: it belongs to "
                 f"process {self._pid}, and this is process {os.getpid()} (forked inside the "
-                "commit). Only the process that began a commit may publish or abort it; end "
-                "a forked child with os._exit()",
+                "commit). Only the process that began a commit may publish it; end a forked "
+                "child with os._exit()",
                 path=self.path,
                 step=self.step,
             )

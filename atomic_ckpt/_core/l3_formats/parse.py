@@ -74,14 +74,14 @@ def _check_header(doc: object) -> tuple[dict[str, Any], Header | None]:
     if not isinstance(doc, dict):
         raise ManifestError("marker is JSON but not an object")
     version = doc.get("version")
-    if doc.get("format") == FORMAT and type(version) is int and version > VERSION:
+    if doc.get("format") != FORMAT or type(version) is not int or version < 1:
+        raise ManifestError(
+            f"unsupported manifest format {doc.get('format')!r} version {doc.get('version')!r}"
+        )
+    if version > VERSION:
         raise NewerFormatError(
             f"written by a newer atomic_ckpt (marker format version {version}; atomic_ckpt "
             f"{__version__} reads versions 1 to {VERSION}): upgrade atomic_ckpt to use it"
-        )
-    if doc.get("format") != FORMAT or type(version) is not int or version not in (1, 2):
-        raise ManifestError(
-            f"unsupported manifest format {doc.get('format')!r} version {doc.get('version')!r}"
         )
     step = doc.get("step")
     if not (step is None or (isinstance(step, int) and not isinstance(step, bool))):

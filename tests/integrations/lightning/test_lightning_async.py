@@ -21,8 +21,7 @@ pytest.importorskip("lightning", reason="needs the [lightning] extra")
 pytest.importorskip("pytorch_lightning", reason="needs pytorch-lightning (the test extra)")
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from tiny import tiny_model
 
 import atomic_ckpt.integrations.lightning as integration
 from atomic_ckpt._core.l2_syscalls import fs as _fs
@@ -35,26 +34,6 @@ PACKAGES = ["lightning", "pytorch_lightning"]
 
 def pl_of(package: str) -> Any:
     return importlib.import_module("lightning.pytorch" if package == "lightning" else package)
-
-
-def tiny_model(pl: Any) -> Any:
-    class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        def train_dataloader(self) -> DataLoader[Any]:
-            x = torch.arange(32, dtype=torch.float32).reshape(8, 4) / 32
-            return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
-
-    return Tiny()
 
 
 def fit(pl: Any, root: Path, plugins: list[Any], callbacks: list[Any], steps: int = 3) -> Any:

@@ -18,35 +18,17 @@ pytest.importorskip("lightning", reason="needs the [lightning] extra")
 
 import lightning.pytorch as pl
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from tiny import tiny_model
 
 from atomic_ckpt import VerificationError
 from atomic_ckpt.integrations.lightning import AtomicCheckpointIO, AtomicModelCheckpoint, _checked
 from atomic_ckpt.integrations.lightning._strategy import _AtomicShardedSave
 
 
-class Tiny(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=0.1)
-
-    def train_dataloader(self) -> DataLoader[Any]:
-        x = torch.arange(32, dtype=torch.float32).reshape(8, 4) / 32
-        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
-
-
-def fit(root: Path, io: AtomicCheckpointIO, steps: int, ckpt_path: str | None = None) -> Tiny:
+def fit(root: Path, io: AtomicCheckpointIO, steps: int, ckpt_path: str | None = None) -> Any:
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = Tiny()
+    model = tiny_model(pl, torch.optim.Adam)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
