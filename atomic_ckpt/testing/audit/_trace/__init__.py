@@ -1,0 +1,50 @@
+"""The second recorder of the crash model: a system-call trace of any process tree.
+
+:class:`TraceRecorder` replays the calls of :func:`._strace.read_calls` on the model of
+the audited directory (the same inodes and operations the library's own hooks produce,
+:mod:`atomic_ckpt.testing._mirror`), so :class:`~atomic_ckpt.testing._states._CrashModel`
+rebuilds the crash states of either. Descriptors are tracked per descriptor table (one
+per process, shared by its threads), file offsets per open file. A file's consecutive
+writes collapse into one operation (before, torn half-way, after): nothing can tell the
+boundaries between them apart but a crash in the middle, which the torn state stands for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from atomic_ckpt.testing._mirror import _UNIVERSE
+from atomic_ckpt.testing.audit._strace import Call
+from atomic_ckpt.testing.audit._trace._data import _Data
+from atomic_ckpt.testing.audit._trace._descriptors import _Descriptors
+from atomic_ckpt.testing.audit._trace._durability import _Durability
+from atomic_ckpt.testing.audit._trace._names import _Names
+from atomic_ckpt.testing.audit._trace._processes import _Processes
+
+__all__ = ["TraceRecorder"]
+
+
+class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
+    """Builds the crash model's operations from the system calls of an audited workload.
+
+    ``root`` is the audited directory (durable by assumption, like the simulator's
+    universe); calls outside it are ignored. :attr:`unseen` collects the files whose
+    contents the trace cannot tell (a shared writable mapping, a copy from outside):
+    the replay check names them if the final tree disagrees.
+    """
+
+    # Dispatch: a completed call named N goes to the family method ``_sys_N`` (descriptors,
+    # data, names, durability, processes); a call no family names is not replayed.
+
+    def feed(self, calls: Iterable[Call]) -> None:
+        """Replay ``calls`` (completed system calls, in completion order) on the model."""
+        self._inode_names: dict[int, str] = {}
+        self._name_tree(_UNIVERSE, "")
+        for call in calls:
+            if call.ret is None:
+                continue
+            handler = getattr(self, "_sys_" + call.name, None)
+            if handler is not None:
+                self.calls += 1
+                handler(call)
+        self._flush()

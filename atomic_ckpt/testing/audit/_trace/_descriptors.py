@@ -1,0 +1,74 @@
+"""Replay of the descriptor calls: open, openat, openat2, creat, close, dup, dup2, dup3, fcntl."""
+
+from __future__ import annotations
+
+import os
+
+from atomic_ckpt.testing._mirror import _UNIVERSE
+from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
+from atomic_ckpt.testing.audit._trace._model import _Open, _Replay
+
+_F_DUPFD, _F_DUPFD_CLOEXEC = 0, 1030
+
+
+class _Descriptors(_Replay):
+    """open, openat, openat2, creat (O_CREAT, O_TRUNC), close, dup, dup2, dup3, fcntl F_DUPFD."""
+
+    def _open(self, call: Call, dirfd: str | None, path_arg: str, flags: int) -> None:
+        fd = call.ret
+        assert fd is not None
+        rel = self._rel(call.ret_path)
+        if rel is None:  # outside the root (or a decoration strace could not give)
+            rel = self._rel(self._absolute(call.tid, dirfd, unescape(path_arg)))
+        if rel is None:
+            self._table(call.tid)[fd] = _Open(None, "")
+            return
+        inode: int | None = _UNIVERSE if rel == "" else None
+        if rel:
+            found = self._walk(rel, follow=True)
+            if found is not None:
+                parent, name, inode = found
+                if inode is None and flags & os.O_CREAT:
+                    inode = self._new("file", None)
+                    self.content[inode] = bytearray()
+                    self._inode_names[inode] = rel
+                    self._op("entry", parent, f"{call.name} O_CREAT {rel}", ((name, inode),))
+                elif inode is None:
+                    self.unseen.setdefault(rel, "opened, but the trace never saw it created")
+        if inode is not None and flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
+            self._truncated(inode, rel, 0, f"{call.name} O_TRUNC")
+        self._table(call.tid)[fd] = _Open(
+            inode,
+            rel,
+            append=bool(flags & os.O_APPEND),
+            sync=bool(flags & (os.O_SYNC | os.O_DSYNC)),
+        )
+
+    def _sys_openat(self, call: Call) -> None:
+        self._open(call, call.args[0], call.args[1], int_arg(call.args[2]))
+
+    def _sys_open(self, call: Call) -> None:
+        self._open(call, None, call.args[0], int_arg(call.args[1]))
+
+    def _sys_creat(self, call: Call) -> None:
+        self._open(call, None, call.args[0], os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+
+    def _sys_openat2(self, call: Call) -> None:
+        how = call.args[2]
+        at = how.find("flags=")
+        flags = int_arg(how[at + 6 :].split(",", 1)[0].rstrip("}")) if at >= 0 else 0
+        self._open(call, call.args[0], call.args[1], flags)
+
+    def _sys_close(self, call: Call) -> None:
+        self._table(call.tid).pop(fd_arg(call.args[0])[0], None)
+
+    def _dup(self, call: Call) -> None:
+        opened = self._file(call)
+        if opened is not None and call.ret is not None:
+            self._table(call.tid)[call.ret] = opened
+
+    _sys_dup = _sys_dup2 = _sys_dup3 = _dup
+
+    def _sys_fcntl(self, call: Call) -> None:
+        if len(call.args) > 1 and int_arg(call.args[1]) in (_F_DUPFD, _F_DUPFD_CLOEXEC):
+            self._dup(call)

@@ -1,0 +1,245 @@
+"""The replay's model: open files, pending write runs, paths below the root, operations."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atomic_ckpt.testing._mirror import _UNIVERSE, _Mirror
+from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, unescape
+
+
+@dataclass
+class _Open:
+    """An open file description: what it points at and where it writes next."""
+
+    inode: int | None
+    path: str
+    pos: int = 0
+    append: bool = False
+    sync: bool = False
+
+
+@dataclass
+class _Run:
+    """Consecutive writes to one file, logged as one data operation when they end."""
+
+    inode: int
+    before: bytes
+    events: list[tuple[str, int, bytes]] = field(default_factory=list)
+    calls: int = 0
+    written: int = 0
+
+
+class _Replay(_Mirror):
+    """The state every family of system calls replays on: descriptor tables, working
+    directories, file contents and the run of writes not yet logged."""
+
+    _inode_names: dict[int, str]
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.root_real = os.path.realpath(root)
+        self.root_alias = os.path.abspath(root)
+        self.content: dict[int, bytearray] = {
+            i: bytearray(n.data) for i, n in enumerate(self.inodes) if n.kind == "file"
+        }
+        self.tables: dict[int, dict[int, _Open]] = {}
+        self.cwd: dict[int, str] = {}
+        self.unseen: dict[str, str] = {}
+        self.calls = 0
+        self._run: _Run | None = None
+        self.mappings: dict[int, list[tuple[int, int, int, str]]] = {}
+        """Shared writable mappings of files under the root, per address space."""
+        self._mapped: list[tuple[int, int, str]] = []
+        self._start_cwd = os.getcwd()
+
+    def ignores(self, name: str) -> bool:
+        """Nothing is left out: the audit sees the tree as the workload's checker does."""
+        return False
+
+    # ---- paths
+
+    def _rel(self, path: str | None) -> str | None:
+        if path is None:
+            return None
+        path = os.path.normpath(path)
+        for base in (self.root_real, self.root_alias):
+            if path == base:
+                return ""
+            if path.startswith(base + os.sep):
+                return path[len(base) + 1 :]
+        return None
+
+    def _absolute(self, tid: int, dirfd: str | None, path: str) -> str:
+        if os.path.isabs(path):
+            return path
+        base: str | None = None
+        if dirfd is not None:
+            fd, decoration = fd_arg(dirfd)
+            if fd == AT_FDCWD and decoration is not None:
+                self.cwd[tid] = decoration
+            base = decoration
+        if base is None:
+            base = self.cwd.get(tid, self._start_cwd)
+        return os.path.join(base, path)
+
+    def _walk(
+        self, rel: str, *, follow: bool, depth: int = 0
+    ) -> tuple[int, str, int | None] | None:
+        """(parent inode, name, inode or None) for a path below the root, following the
+        model's symlinks (and the last one if ``follow``); None when it leaves the model."""
+        if depth > 40:
+            return None
+        parts = [p for p in rel.split("/") if p and p != "."]
+        if not parts:
+            return None
+        ino = _UNIVERSE
+        done: list[str] = []
+        for i, part in enumerate(parts):
+            node = self.inodes[ino]
+            if node.kind != "dir":
+                return None
+            last = i == len(parts) - 1
+            child = node.entries.get(part)
+            if last and not follow:
+                return ino, part, child
+            if child is not None and self.inodes[child].kind == "symlink":
+                target = os.fsdecode(self.inodes[child].data)
+                joined = (
+                    target if os.path.isabs(target) else os.path.join(self.root_real, *done, target)
+                )
+                rest = "/".join(parts[i + 1 :])
+                new = self._rel(os.path.join(joined, rest) if rest else joined)
+                if new is None:
+                    return None
+                if new == "":
+                    return (ino, part, _UNIVERSE) if last else self._walk(rest, follow=follow)
+                return self._walk(new, follow=follow, depth=depth + 1)
+            if last:
+                return ino, part, child
+            if child is None:
+                return None
+            ino = child
+            done.append(part)
+        return None
+
+    def _where(
+        self, tid: int, dirfd: str | None, path_arg: str, *, follow: bool = False
+    ) -> tuple[int, str, int | None, str] | None:
+        rel = self._rel(self._absolute(tid, dirfd, unescape(path_arg)))
+        if rel is None or rel == "":
+            return None
+        found = self._walk(rel, follow=follow)
+        return None if found is None else (*found, rel)
+
+    def _name_of(self, rel: str) -> str:
+        return rel or "."
+
+    # ---- operations
+
+    def _flush(self) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        data = bytes(self.content[run.inode])
+        torn = bytearray(run.before)
+        half, done = run.written // 2, 0
+        for kind, offset, payload in run.events:
+            if kind == "truncate":
+                del torn[offset:]
+                torn.extend(bytes(max(0, offset - len(torn))))
+                continue
+            take = payload[: max(0, half - done)] if done + len(payload) > half else payload
+            _put(torn, offset, take)
+            done += len(take)
+            if done >= half:
+                break
+        name = self._inode_names.get(run.inode, "?")
+        what = f"{run.calls} write call{'s' if run.calls != 1 else ''}, {run.written} bytes"
+        self.emit(
+            "data",
+            run.inode,
+            f"write {name} ({what}; now {len(data)} bytes)",
+            data=data,
+            by="traced",
+            torn=bytes(torn) if run.written else data,
+        )
+
+    def _op(
+        self,
+        kind: str,
+        inode: int,
+        description: str,
+        effects: tuple[tuple[str, int | None], ...] = (),
+    ) -> None:
+        self._flush()
+        if kind == "entry":
+            self.emit("entry", inode, description, effects=effects, by="traced")
+        else:
+            self.emit("sync", inode, description, by="traced")
+
+    def _change(self, inode: int, kind: str, offset: int, payload: bytes = b"") -> None:
+        if self._run is None or self._run.inode != inode:
+            self._flush()
+            self._run = _Run(inode, bytes(self.content[inode]))
+        run = self._run
+        buf = self.content[inode]
+        if kind == "truncate":
+            del buf[offset:]
+            buf.extend(bytes(max(0, offset - len(buf))))
+        else:
+            _put(buf, offset, payload)
+            run.calls += 1
+            run.written += len(payload)
+        run.events.append((kind, offset, payload))
+
+    def _name_tree(self, ino: int, rel: str) -> None:
+        for name, child in self.inodes[ino].entries.items():
+            path = f"{rel}{name}"
+            self._inode_names[child] = path
+            if self.inodes[child].kind == "dir":
+                self._name_tree(child, path + "/")
+
+    def _table(self, tid: int) -> dict[int, _Open]:
+        return self.tables.setdefault(tid, {})
+
+    def _file(self, call: Call, arg: int = 0) -> _Open | None:
+        fd, decoration = fd_arg(call.args[arg]) if len(call.args) > arg else (-1, None)
+        opened = self._table(call.tid).get(fd)
+        if opened is not None:
+            return opened
+        rel = self._rel(decoration)
+        if rel is None:
+            return None
+        # a descriptor opened before the trace knew this thread's table: find it by path
+        found = self._walk(rel, follow=False) if rel else (0, "", _UNIVERSE)
+        inode = None if found is None else found[2]
+        opened = _Open(inode, rel, pos=-1)
+        self._table(call.tid)[fd] = opened
+        return opened
+
+    def _flush_named(self, inode: int, description: str) -> None:
+        """A truncate on open is an operation of its own (it happens before any write)."""
+        run = self._run
+        if run is None:
+            return
+        self._run = None
+        self.emit("data", inode, description, data=bytes(self.content[inode]), by="traced")
+        del run
+
+    def _truncated(self, inode: int | None, rel: str, length: int, name: str) -> None:
+        if inode is None or self.inodes[inode].kind != "file":
+            return
+        if len(self.content[inode]) == length:
+            return
+        self._flush()
+        self._change(inode, "truncate", length)
+        self._flush_named(inode, f"{name} {rel} to {length} bytes")
+
+
+def _put(buf: bytearray, offset: int, payload: bytes) -> None:
+    if offset > len(buf):
+        buf.extend(bytes(offset - len(buf)))
+    buf[offset : offset + len(payload)] = payload

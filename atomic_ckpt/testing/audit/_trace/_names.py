@@ -1,0 +1,140 @@
+"""Replay of the name calls: mkdir, unlink, rmdir, rename, link, symlink and their *at forms."""
+
+from __future__ import annotations
+
+import os
+
+from atomic_ckpt.testing.audit._strace import Call, int_arg, unescape
+from atomic_ckpt.testing.audit._trace._model import _Replay
+
+_AT_REMOVEDIR = 0x200
+_AT_SYMLINK_FOLLOW = 0x400
+_RENAME_NOREPLACE, _RENAME_EXCHANGE, _RENAME_WHITEOUT = 1, 2, 4
+
+
+class _Names(_Replay):
+    """mkdir, mkdirat, unlink, unlinkat, rmdir, rename, renameat, renameat2, link, linkat,
+    symlink, symlinkat."""
+
+    def _sys_mkdir(self, call: Call) -> None:
+        self._mkdir(call, None, call.args[0])
+
+    def _sys_mkdirat(self, call: Call) -> None:
+        self._mkdir(call, call.args[0], call.args[1])
+
+    def _mkdir(self, call: Call, dirfd: str | None, path: str) -> None:
+        where = self._where(call.tid, dirfd, path)
+        if where is None:
+            return
+        parent, name, _, rel = where
+        inode = self._new("dir", None)
+        self._inode_names[inode] = rel
+        self._op("entry", parent, f"{call.name} {rel}", ((name, inode),))
+
+    def _removed(self, call: Call, dirfd: str | None, path: str) -> None:
+        where = self._where(call.tid, dirfd, path)
+        if where is None or where[2] is None:
+            return
+        parent, name, _, rel = where
+        self._op("entry", parent, f"{call.name} {rel}", ((name, None),))
+
+    def _sys_unlink(self, call: Call) -> None:
+        self._removed(call, None, call.args[0])
+
+    _sys_rmdir = _sys_unlink
+
+    def _sys_unlinkat(self, call: Call) -> None:
+        self._removed(call, call.args[0], call.args[1])
+
+    def _renamed(
+        self, call: Call, old: tuple[str | None, str], new: tuple[str | None, str], flags: int
+    ) -> None:
+        self._flush()  # pending writes are described under the name they were made at
+        src = self._where(call.tid, *old)
+        dst = self._where(call.tid, *new)
+        if src is None and dst is None:
+            return
+        verb = (
+            call.name
+            + (" RENAME_EXCHANGE" if flags & _RENAME_EXCHANGE else "")
+            + (" RENAME_NOREPLACE" if flags & _RENAME_NOREPLACE else "")
+        )
+        if dst is None:  # moved out of the audited tree: gone from it
+            assert src is not None
+            if src[2] is not None:
+                self._op("entry", src[0], f"{verb} {src[3]} -> (outside)", ((src[1], None),))
+            return
+        if src is None or src[2] is None:  # moved in from outside: contents never seen
+            self.unseen.setdefault(dst[3], "moved in from outside the audited tree")
+            return
+        (sp, sn, _, srel), (dp, dn, other, drel) = src, dst
+        moved = src[2]
+        desc = f"{verb} {srel} {'<->' if flags & _RENAME_EXCHANGE else '->'} {drel}"
+        self._inode_names[moved] = drel
+        if flags & _RENAME_EXCHANGE:
+            assert other is not None
+            self._inode_names[other] = srel
+            if sp == dp:
+                self._op("entry", sp, desc, ((sn, other), (dn, moved)))
+            else:
+                self._op("entry", dp, desc + " (new side)", ((dn, moved),))
+                self._op("entry", sp, desc + " (old side)", ((sn, other),))
+        elif sp == dp:
+            self._op("entry", sp, desc, ((sn, None), (dn, moved)))
+        else:  # two directories: two entry operations, as the simulator models them
+            self._op("entry", dp, desc + " (new name)", ((dn, moved),))
+            self._op("entry", sp, desc + " (old name gone)", ((sn, None),))
+        if self.inodes[moved].kind == "dir":
+            self._name_tree(moved, drel + "/")
+
+    def _sys_rename(self, call: Call) -> None:
+        self._renamed(call, (None, call.args[0]), (None, call.args[1]), 0)
+
+    def _sys_renameat(self, call: Call) -> None:
+        self._renamed(call, (call.args[0], call.args[1]), (call.args[2], call.args[3]), 0)
+
+    def _sys_renameat2(self, call: Call) -> None:
+        flags = int_arg(call.args[4])
+        self._renamed(call, (call.args[0], call.args[1]), (call.args[2], call.args[3]), flags)
+
+    def _hard_linked(
+        self,
+        call: Call,
+        old: tuple[str | None, str],
+        new: tuple[str | None, str],
+        *,
+        follow: bool,
+    ) -> None:
+        src = self._where(call.tid, *old, follow=follow)
+        dst = self._where(call.tid, *new)
+        if dst is None:
+            return
+        if src is None or src[2] is None:
+            self.unseen.setdefault(dst[3], "hard link to a file outside the audited tree")
+            return
+        self._op("entry", dst[0], f"{call.name} {src[3]} -> {dst[3]}", ((dst[1], src[2]),))
+
+    def _sys_link(self, call: Call) -> None:
+        self._hard_linked(call, (None, call.args[0]), (None, call.args[1]), follow=False)
+
+    def _sys_linkat(self, call: Call) -> None:
+        follow = bool(int_arg(call.args[4]) & _AT_SYMLINK_FOLLOW)
+        self._hard_linked(
+            call, (call.args[0], call.args[1]), (call.args[2], call.args[3]), follow=follow
+        )
+
+    def _symlinked(self, call: Call, target: str, nd: str | None, new: str) -> None:
+        dst = self._where(call.tid, nd, new)
+        if dst is None:
+            return
+        inode = self._new("symlink", None)
+        text = os.fsencode(unescape(target))
+        self.inodes[inode].base_data = self.inodes[inode].data = text
+        self._inode_names[inode] = dst[3]
+        self._op("entry", dst[0], f"{call.name} {dst[3]} -> {unescape(target)}", ((dst[1], inode),))
+
+    def _sys_symlink(self, call: Call) -> None:
+        self._symlinked(call, call.args[0], None, call.args[1])
+
+    def _sys_symlinkat(self, call: Call) -> None:
+        self._symlinked(call, call.args[0], call.args[1], call.args[2])
