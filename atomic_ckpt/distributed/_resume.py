@@ -1,4 +1,6 @@
-"""The verified resume split among ranks: each rank hashes the files it loads, rank 0 the
+"""Resumes: rank 0 picks for every rank (resume); the ranks share verifying (resume_verified).
+
+The verified resume is split among ranks: each rank hashes the files it loads, rank 0 the
 rest and the tree, and all keep or drop the candidate together.
 
 The steps of :func:`atomic_ckpt.distributed.resume_verified`, on every rank:
@@ -22,8 +24,12 @@ The steps of :func:`atomic_ckpt.distributed.resume_verified`, on every rank:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any, Literal
+
+import torch.distributed as dist
 
 from atomic_ckpt import (
     Checkpoint,
@@ -34,7 +40,8 @@ from atomic_ckpt import (
     VerifiedCheckpoint,
 )
 from atomic_ckpt._core.l3_formats import verify as _verify
-from atomic_ckpt.distributed._ranks import _describe, _Ranks, raise_failures
+from atomic_ckpt.distributed._commit import DEFAULT_TIMEOUT, _single_process
+from atomic_ckpt.distributed._ranks import _coordination_group, _describe, _Ranks, raise_failures
 
 Views = dict[str, memoryview]
 Outcome = tuple[Literal["verify", "error"], tuple[str, ...]] | None
@@ -172,3 +179,105 @@ def _drop(views: Views) -> None:
         with contextlib.suppress(BufferError):  # (still exported somewhere: freed with it)
             view.release()
     views.clear()
+
+
+def resume(
+    ckpts: CheckpointDir,
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    verify: bool = False,
+    fresh: bool = False,
+) -> Checkpoint | None:
+    """The checkpoint to resume from, chosen by rank 0 and the same on every rank.
+
+    Rank 0 applies ``CheckpointDir.resume_point(verify=..., fresh=...)``: a root of
+    unmarked step directories and no complete checkpoint raises
+    :class:`~atomic_ckpt.UnmarkedCheckpointsError` on every rank unless ``fresh``.
+
+    Rank 0 scans the root (with ``verify=True``, the newest checkpoint whose
+    files match its manifest) and broadcasts its choice; the other ranks never
+    scan, so they cannot disagree. None on every rank if there is none.
+
+    With ``verify=True`` rank 0 reads every file to hash it, and then each rank reads
+    its files again to load them: :func:`resume_verified` reads each byte once, the
+    ranks sharing the hashing and loading from the very pages they hashed.
+
+    Without a process group (a single-process run) it is ``ckpts.resume_point(...)``.
+    """
+    if _single_process(group):
+        return ckpts.resume_point(verify=verify, fresh=fresh)
+    ranks = _Ranks(_coordination_group(group, timeout), None, timeout)
+    choice: Checkpoint | None = None
+    problem: BaseException | None = None
+    if ranks.rank == 0:
+        try:
+            choice = ckpts.resume_point(verify=verify, fresh=fresh)
+        except Exception as exc:
+            problem = exc
+    # Rank 0's own error (ours pickle with their attributes) is raised on every rank.
+    shared = problem if isinstance(problem, CheckpointError) else None
+    choice, why, shared = ranks.broadcast(
+        (choice, _describe(problem), shared), "receiving rank 0's resume step"
+    )
+    if problem is not None:
+        raise problem
+    if shared is not None:
+        raise shared
+    if why is not None:
+        raise DistributedCommitError(
+            f"rank 0 could not choose a checkpoint to resume from: {why}", ranks=(0,)
+        )
+    return choice
+
+
+def resume_verified(
+    ckpts: CheckpointDir,
+    read: Collection[str],
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    fresh: bool = False,
+) -> VerifiedCheckpoint | None:
+    """The newest checkpoint that verifies, the same on every rank, with the bytes of the
+    files this rank loads as they were hashed: each byte is read from storage once.
+
+    Collective: call it on every rank of ``group``, each with its own ``read`` (the
+    checkpoint-relative paths this rank will load: its :func:`rank_path` files and the
+    shared ones). The work of verifying is split: each rank maps and hashes the files
+    of its ``read`` that the manifest lists, and keeps their views
+    (:attr:`~atomic_ckpt.VerifiedCheckpoint.files`, for a loader such as
+    ``atomic_ckpt.torch.load_state``); rank 0 hashes the files no rank reads and checks
+    the rest as ``CheckpointDir.verify`` does (types, sizes, nothing added, the marker).
+    A file that several ranks read is hashed by each of them, since each loads it.
+
+    Rank 0 picks the candidates newest first, as ``CheckpointDir.resume_verified``
+    does: one that does not verify on some rank is passed over on every rank (rank 0
+    warns, naming the ranks and their reasons) for the next older one. None on every
+    rank if none verifies; the refusals of :func:`resume` (such as
+    :class:`~atomic_ckpt.UnusableCheckpointsError`) are raised on every rank, unless
+    ``fresh``. A rank that crashes or hangs makes the others raise
+    :class:`~atomic_ckpt.DistributedCommitError` (after ``timeout`` seconds for a
+    hang, which must exceed the slowest rank's hashing).
+
+    Without a process group (a single-process run) it is
+    ``ckpts.resume_verified(read, fresh=fresh)``.
+    """
+    if _single_process(group):
+        return ckpts.resume_verified(read, fresh=fresh)
+    ranks = _Ranks(_coordination_group(group, timeout), None, timeout)
+    return resume_verified_ranks(ckpts, ranks, read, fresh=fresh)
+
+
+def load_dcp(
+    state: dict[str, Any],
+    checkpoint: Checkpoint | str | os.PathLike[str],
+    *,
+    process_group: dist.ProcessGroup | None = None,
+) -> None:
+    """Load a torch DCP checkpoint (saved with ``dcp.save(state, checkpoint_id=path)``
+    inside :func:`distributed_commit`) into ``state``, in place, on every rank."""
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
+    load(state, checkpoint_id=path, process_group=process_group)
