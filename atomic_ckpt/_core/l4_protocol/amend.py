@@ -43,7 +43,7 @@ from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
 from atomic_ckpt._core.l3_formats.read import Checkpoint, classify, read_marker
 from atomic_ckpt._core.l3_formats.tree import sync_tree, walk
-from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 
@@ -75,7 +75,7 @@ def amend(
     try:
         # Carried entries keep their checksums: hash the new files with the same algorithm.
         root = dataclasses.replace(root, checksum=base.manifest.checksum)
-        commit = _commit.begin(root, step)
+        commit = _begin.begin(root, step)
         try:
             yield commit.path
             if os.getpid() != pid:

@@ -1,5 +1,6 @@
-"""The commit protocol: :func:`begin` (steps 1-2), :meth:`Commit.publish` (steps 3-7)
-and :meth:`Commit.abort`. (Adopting a directory in place is :mod:`._adopt`.)
+"""The commit protocol: :class:`Commit`, made by :func:`.begin.begin` (steps 1-2),
+with :meth:`Commit.publish` (steps 3-7) and :meth:`Commit.abort`. (Adopting a directory in
+place is :mod:`._adopt`.)
 
 :meth:`Commit._protocol` reads top to bottom exactly as ``PROTOCOL.md``
 numbers the steps. Which fsyncs reach the disk is the root's
@@ -15,13 +16,13 @@ import os
 import stat
 import time
 import weakref
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, SupportsIndex
+from typing import Any, Literal
 
 from atomic_ckpt._core.l1_names.errors import CommitStateError, NotDurableError, StagingLostError
-from atomic_ckpt._core.l1_names.names import MARKER, TAG_OLD, is_marker_name, parse_tmp
+from atomic_ckpt._core.l1_names.names import TAG_OLD, is_marker_name, parse_tmp
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
@@ -31,7 +32,7 @@ from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
-from atomic_ckpt._core.l4_protocol.root import Root, check_step
+from atomic_ckpt._core.l4_protocol.root import Root
 from atomic_ckpt._version import __version__
 
 log = logging.getLogger(__name__)
@@ -398,77 +399,4 @@ def joined(commit: Commit) -> Iterator[Path]:
         yield commit.path
     except BaseException as exc:
         commit.abort(exc)
-        raise
-
-
-def begin(
-    root: Root,
-    step: SupportsIndex,
-    *,
-    metadata: object = None,
-    retain: RetentionPolicy | None = None,
-    aliases: Collection[str] = (),
-    replace_aliases: bool = False,
-) -> Commit:
-    """Steps 1 and 2 of the protocol for ``step``: take a staging lock, create the staging dir."""
-    step = check_step(step)
-    name = root.name_of(step)
-    return begin_as(
-        root,
-        step,
-        name,
-        metadata=metadata,
-        retain=retain,
-        aliases=aliases,
-        replace_aliases=replace_aliases,
-    )
-
-
-def begin_as(
-    root: Root,
-    step: int | None,
-    name: str,
-    *,
-    metadata: object = None,
-    retain: RetentionPolicy | None = None,
-    aliases: Collection[str] = (),
-    replace_aliases: bool = False,
-) -> Commit:
-    """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
-    if isinstance(aliases, str):
-        raise TypeError("aliases must be a collection of names, not one string")
-    alias_list = [_delete.check_alias(root, a) for a in aliases]
-    meta = check_metadata(metadata)
-    root.ensure()
-    final = root.path / name
-    _stage.check_target(final, step)
-    if os.path.isdir(final) and _stage.read_marker_or_none(final) is None:
-        log.warning(
-            "committing over %s, which has no %s marker (written before atomic_ckpt, or by "
-            "a save that crashed): the new checkpoint replaces it",
-            final,
-            MARKER,
-        )
-    # 1. The staging lock first, then the directory: clean() never sees a live save
-    #    unlocked.
-    staging, lock = _stage.make_staging(root, name)
-    try:
-        return Commit(
-            root,
-            step,
-            name,
-            staging,
-            lock,
-            metadata=meta,
-            retain=retain,
-            aliases=alias_list,
-            replace_aliases=replace_aliases,
-        )
-    except BaseException as exc:  # e.g. EMFILE pinning the directory: leave nothing
-        with contextlib.suppress(OSError):
-            _fs.remove_tree(staging)
-        try:
-            lock.release(remove=True)
-        except OSError as cleanup:
-            exc.add_note(f"atomic_ckpt: removing {lock.path} also failed: {cleanup!r}")
         raise

@@ -23,7 +23,7 @@ from atomic_ckpt._core.l1_names.names import check_chosen_name
 from atomic_ckpt._core.l3_formats.manifest import Manifest
 from atomic_ckpt._core.l3_formats.read import Checkpoint, moved_by_hand, read_marker
 from atomic_ckpt._core.l4_protocol import amend as _amend
-from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 
@@ -100,7 +100,7 @@ def promote(root: Root, name: str, step: int) -> Checkpoint:
     base = Checkpoint(step, named.path, named.manifest)
     pin = _amend.Pinned.of(base, "promoted")
     try:
-        commit = _commit.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
+        commit = _begin.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
         try:
             files = _amend.carry_over(root, base, commit.path, [], set(), pin=pin)
             # The named checkpoint must still be the version carried when the step appears.

@@ -11,6 +11,7 @@ from typing import Any, SupportsIndex
 from atomic_ckpt._core.l1_names.names import parse_step
 from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l4_protocol import amend as _amend
+from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import named as _named
 from atomic_ckpt._core.l4_protocol.named import NamedCheckpoint
@@ -79,7 +80,7 @@ class TrainerOps:
     ) -> _commit.Commit:
         """:meth:`begin` for a named checkpoint: the handle's ``finish()`` (or leaving it as
         a context manager) commits ``root/<name>/``; ``abort()`` gives it up."""
-        return _commit.begin_as(
+        return _begin.begin_as(
             self._root,
             None,
             _named.check_name(self._root, name),

@@ -1,0 +1,94 @@
+"""Steps 1 and 2 of the commit protocol: check the target, take the staging lock, create
+the staging directory, and hand back the open :class:`~atomic_ckpt.Commit`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Collection
+from typing import SupportsIndex
+
+from atomic_ckpt._core.l1_names.names import MARKER
+from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l3_formats.manifest import check_metadata
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import stage as _stage
+from atomic_ckpt._core.l4_protocol.commit import Commit
+from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
+from atomic_ckpt._core.l4_protocol.root import Root, check_step
+
+log = logging.getLogger("atomic_ckpt._core.l4_protocol.commit")
+
+
+def begin(
+    root: Root,
+    step: SupportsIndex,
+    *,
+    metadata: object = None,
+    retain: RetentionPolicy | None = None,
+    aliases: Collection[str] = (),
+    replace_aliases: bool = False,
+) -> Commit:
+    """Steps 1 and 2 of the protocol for ``step``: take a staging lock, create the staging dir."""
+    step = check_step(step)
+    name = root.name_of(step)
+    return begin_as(
+        root,
+        step,
+        name,
+        metadata=metadata,
+        retain=retain,
+        aliases=aliases,
+        replace_aliases=replace_aliases,
+    )
+
+
+def begin_as(
+    root: Root,
+    step: int | None,
+    name: str,
+    *,
+    metadata: object = None,
+    retain: RetentionPolicy | None = None,
+    aliases: Collection[str] = (),
+    replace_aliases: bool = False,
+) -> Commit:
+    """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
+    if isinstance(aliases, str):
+        raise TypeError("aliases must be a collection of names, not one string")
+    alias_list = [_delete.check_alias(root, a) for a in aliases]
+    meta = check_metadata(metadata)
+    root.ensure()
+    final = root.path / name
+    _stage.check_target(final, step)
+    if os.path.isdir(final) and _stage.read_marker_or_none(final) is None:
+        log.warning(
+            "committing over %s, which has no %s marker (written before atomic_ckpt, or by "
+            "a save that crashed): the new checkpoint replaces it",
+            final,
+            MARKER,
+        )
+    # 1. The staging lock first, then the directory: clean() never sees a live save
+    #    unlocked.
+    staging, lock = _stage.make_staging(root, name)
+    try:
+        return Commit(
+            root,
+            step,
+            name,
+            staging,
+            lock,
+            metadata=meta,
+            retain=retain,
+            aliases=alias_list,
+            replace_aliases=replace_aliases,
+        )
+    except BaseException as exc:  # e.g. EMFILE pinning the directory: leave nothing
+        with contextlib.suppress(OSError):
+            _fs.remove_tree(staging)
+        try:
+            lock.release(remove=True)
+        except OSError as cleanup:
+            exc.add_note(f"atomic_ckpt: removing {lock.path} also failed: {cleanup!r}")
+        raise

@@ -1,0 +1,281 @@
+"""The reading half of :class:`~atomic_ckpt.CheckpointDir`: listing, resuming and verifying
+complete checkpoints (reading never writes)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import NamedTuple, SupportsIndex
+
+from atomic_ckpt._core.l1_names.errors import (
+    CheckpointNotFoundError,
+    NewerCheckpointsError,
+    UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
+    VerificationError,
+)
+from atomic_ckpt._core.l1_names.names import MARKER
+from atomic_ckpt._core.l3_formats import read as _read
+from atomic_ckpt._core.l3_formats import verify as _verify
+from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
+from atomic_ckpt._core.l4_protocol.root import Root, check_step
+
+# The logger the facade has always used (a log filter may name it).
+log = logging.getLogger("atomic_ckpt._core.l5_facade.checkpoint")
+
+
+class VerifiedCheckpoint(NamedTuple):
+    """A checkpoint that verified, and the bytes of the files asked for, as read to verify it."""
+
+    checkpoint: Checkpoint
+    files: Mapping[str, memoryview]
+
+
+PathLike = str | os.PathLike[str]
+Verifier = Callable[[Checkpoint, Collection[str]], Mapping[str, memoryview]]
+"""``verifier(checkpoint, read)`` of :meth:`CheckpointDir.resume_verified`: the views of
+``read``, or VerificationError to pass the candidate over."""
+
+
+class Reading:
+    """Mixed into :class:`~atomic_ckpt.CheckpointDir`; see its documentation."""
+
+    _root: Root
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every complete checkpoint, by ascending step.
+
+        Each marker's header is read, not its file list: a manifest's ``files``
+        is read when first used, and raises ManifestError if that checkpoint was
+        removed or replaced meanwhile (:meth:`get` it again).
+        """
+        return _read.complete(self._root.path, self._root.prefix, self._root.warned)
+
+    def steps(self) -> list[int]:
+        """The steps of the complete checkpoints, ascending."""
+        return [c.step for c in self.checkpoints()]
+
+    def latest(self, *, verify: bool = False) -> Checkpoint | None:
+        """The complete checkpoint with the highest step, or None.
+
+        Step directories are examined from the highest down, and the search stops
+        at the first complete one: usually one marker is read, however many
+        checkpoints the root holds. With ``verify=True``, the newest one whose
+        files match its manifest: a newer one that does not is skipped with a
+        warning naming it and why.
+        """
+        found = self._newest(verify=verify, read=(), rejected=[])
+        return None if found is None else found.checkpoint
+
+    def resume_point(self, *, verify: bool = False, fresh: bool = False) -> Checkpoint | None:
+        """The checkpoint a restarted job resumes from: :meth:`latest` (``verify`` as
+        there), or None for a fresh start.
+
+        A fresh start is refused where the root holds step directories but none to
+        resume from, since the job would train from step 0 and commit over them:
+        :class:`~atomic_ckpt.UnmarkedCheckpointsError` when they have no marker
+        (written before atomic_ckpt: adopt them with ``atomic-ckpt mark-complete``),
+        :class:`~atomic_ckpt.UnusableCheckpointsError` (its parent) when some are
+        unusable otherwise: a marker this version cannot read (a newer format
+        version, a non-empty legacy marker, a step moved by hand), or, with
+        ``verify=True``, files that do not verify. Each error's message lists what is
+        there, why it cannot be used and the remedies, in words an application can pass
+        on to its user; ``paths`` and ``problems`` carry the same for an application
+        that words its own (and names its own switch for ``fresh=True``, which starts
+        over deliberately).
+
+        Resuming from an older checkpoint below ones a newer atomic_ckpt wrote (a newer
+        marker format version) is refused too, ``fresh`` or not:
+        :class:`~atomic_ckpt.NewerCheckpointsError` (upgrade, or move them away), since
+        the job would train over them and replace them at their step. Other incomplete
+        steps above the one found are skipped with a warning, as by :meth:`latest`.
+        """
+        found = self._resume(verify=verify, fresh=fresh, read=())
+        return None if found is None else found.checkpoint
+
+    def resume_verified(
+        self, read: Collection[str], *, fresh: bool = False, verifier: Verifier | None = None
+    ) -> VerifiedCheckpoint | None:
+        """:meth:`resume_point` with ``verify=True``, and the bytes of the files named in
+        ``read`` (paths relative to the checkpoint) as they were mapped to verify it.
+
+        A loader that deserializes from those views instead of opening the files again
+        fetches each byte of the checkpoint from storage once
+        (``atomic_ckpt.torch.resume(verify=True)`` works this way; ``benchmarks/resume.py``
+        measures what it costs). A file of ``read`` that the checkpoint does not hold is
+        simply absent from ``files``. A newest checkpoint that does not verify is skipped
+        with a warning, as in :meth:`latest`; the same refusals as :meth:`resume_point`.
+
+        ``verifier(checkpoint, read)``, if given, verifies each candidate (newest first,
+        its marker read whole) instead of this process checking all of it: it returns
+        the views of the files of ``read`` or raises :class:`~atomic_ckpt.VerificationError`
+        to pass the candidate over (other errors propagate).
+        :func:`atomic_ckpt.distributed.resume_verified` splits the work among ranks so.
+        """
+        return self._resume(verify=True, fresh=fresh, read=frozenset(read), verifier=verifier)
+
+    def _newest(
+        self,
+        *,
+        verify: bool,
+        read: Collection[str],
+        rejected: list[tuple[Path, str]],
+        verifier: Verifier | None = None,
+        skipped: list[Entry] | None = None,
+    ) -> VerifiedCheckpoint | None:
+        """The newest checkpoint (that verifies, with ``verify``), with the kept views of
+        ``read``; each one passed over for not verifying is added to ``rejected``, each
+        step directory above it that is not complete to ``skipped``."""
+        for ckpt in _read.newest(self._root.path, self._root.prefix, self._root.warned, skipped):
+            if not verify:
+                return VerifiedCheckpoint(ckpt, {})
+            try:
+                checked = self.get(ckpt.step)  # its marker read whole, as verify() does
+                files: Mapping[str, memoryview]
+                if verifier is None:
+                    files = _verify.verify(checked, workers=self._root.workers, keep=read)
+                else:
+                    files = verifier(checked, read)
+            except (VerificationError, CheckpointNotFoundError) as exc:
+                log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
+                problems = getattr(exc, "problems", ())
+                why = "; ".join(problems) if problems else str(exc)
+                rejected.append((ckpt.path, f"it does not verify: {why}"))
+                continue
+            return VerifiedCheckpoint(checked, files)
+        return None
+
+    def _resume(
+        self, *, verify: bool, fresh: bool, read: Collection[str], verifier: Verifier | None = None
+    ) -> VerifiedCheckpoint | None:
+        rejected: list[tuple[Path, str]] = []
+        skipped: list[Entry] = []
+        found = self._newest(
+            verify=verify, read=read, rejected=rejected, verifier=verifier, skipped=skipped
+        )
+        newer = [e for e in skipped if e.newer_format]
+        if found is not None and newer:
+            raise self._newer_error(found.checkpoint, newer)
+        if found is not None or fresh:
+            return found
+        reasons = dict(rejected)  # passed over by the verify
+        listed: list[tuple[Path, str]] = []
+        unmarked: list[Path] = []
+        for e in self.entries():  # by step
+            if e.path in reasons:
+                listed.append((e.path, reasons.pop(e.path)))
+            elif e.status == "invalid":
+                listed.append((e.path, e.problem or "its marker cannot be read"))
+            elif e.status == "unmarked":
+                how = f"`atomic-ckpt mark-complete {e.path}`"
+                listed.append((e.path, f"no {MARKER} marker (if complete, adopt it: {how})"))
+                unmarked.append(e.path)
+        listed += reasons.items()  # (gone since: still, none of them could be used)
+        if len(unmarked) == len(listed):
+            if unmarked:
+                raise self._unmarked_error(tuple(unmarked))
+            return None
+        problems = tuple(f"{p}: {reason}" for p, reason in listed)
+        raise UnusableCheckpointsError(
+            f"{self._root.path} holds {len(listed)} step directories but none to resume from; "
+            "starting from scratch would train over them and replace them:\n  "
+            + "\n  ".join(problems)
+            + "\nRepair them (a newer atomic_ckpt reads newer markers) or move them away; "
+            "or start the run from scratch deliberately, which trains over them",
+            path=self._root.path,
+            paths=tuple(p for p, _ in listed),
+            problems=problems,
+        )
+
+    def _newer_error(self, found: Checkpoint, newer: list[Entry]) -> NewerCheckpointsError:
+        problems = tuple(f"{e.path}: {e.problem}" for e in newer)
+        return NewerCheckpointsError(
+            f"{self._root.path} holds {len(newer)} checkpoint(s) newer than step {found.step} that "
+            "a newer atomic_ckpt wrote:\n  "
+            + "\n  ".join(problems)
+            + f"\nResuming from step {found.step} would train over them and replace them. "
+            "Upgrade atomic_ckpt (pip install -U atomic_ckpt) to resume from the newest, or "
+            "move them out of the root to resume from the older one",
+            path=self._root.path,
+            paths=tuple(e.path for e in newer),
+            problems=problems,
+        )
+
+    def _unmarked_error(self, unmarked: tuple[Path, ...]) -> UnmarkedCheckpointsError:
+        shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
+        return UnmarkedCheckpointsError(
+            f"{self._root.path} holds {len(unmarked)} step directories without a {MARKER} "
+            f"marker ({shown}) and no complete checkpoint. If they were written "
+            f"completely, adopt them (each one): `atomic-ckpt mark-complete {unmarked[-1]}`; "
+            "or start the run from scratch deliberately, which trains over them",
+            path=self._root.path,
+            paths=unmarked,
+        )
+
+    def get(self, step: SupportsIndex) -> Checkpoint:
+        """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete.
+
+        Reads that step's marker only (whole: its manifest is a snapshot, unaffected
+        by a later replace or delete).
+        """
+        step = check_step(step)
+        path = self._root.path / f"{self._root.prefix}{step}"
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTDIR):
+                raise
+            raise CheckpointNotFoundError(
+                f"no checkpoint for step {str(step)[:40]} in {self._root.path}",
+                path=path,
+                step=step,
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise CheckpointNotFoundError(
+                f"{path} is not a checkpoint directory (it is a file or a symlink)",
+                path=path,
+                step=step,
+            )
+        entry = _read.classify(path, step)
+        if entry.status == "unmarked":
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is incomplete: it has no {MARKER} marker. If it was "
+                f"written completely before atomic_ckpt, adopt it with "
+                f"`atomic-ckpt mark-complete {path}`",
+                path=path,
+                step=step,
+            )
+        if entry.manifest is None:
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is incomplete: {entry.problem}", path=path, step=step
+            )
+        return Checkpoint(step, path, entry.manifest)
+
+    def verify(
+        self, step: SupportsIndex, *, progress: Callable[[int, int], None] | None = None
+    ) -> Checkpoint:
+        """Check the checkpoint's files against its manifest; return it if they match.
+
+        Every entry is checked (present, type, size, checksum; files in parallel
+        on :attr:`workers` threads, each read once) and the directory must hold
+        nothing the manifest does not list. Raises one
+        :class:`~atomic_ckpt.VerificationError` whose ``problems`` list every
+        mismatch; a damaged marker (its file list fails its CRC-32) is one too.
+        A legacy (empty) marker verifies presence only.
+
+        ``progress(done, total)`` is called in this thread with the bytes checked
+        so far and the total: at the start, about ten times a second, and at the
+        end with ``done == total``.
+        """
+        ckpt = self.get(step)
+        _verify.verify(ckpt, workers=self._root.workers, progress=progress)
+        return ckpt
+
+    def entries(self, *, include_staging: bool = False) -> list[Entry]:
+        """Every step directory of the root, complete or not (and staging dirs if asked),
+        sorted by step: what ``atomic-ckpt ls`` shows. Never writes, never warns."""
+        return _read.scan(self._root.path, self._root.prefix, include_staging=include_staging)
