@@ -19,7 +19,9 @@ echo "oldest ($((SECONDS - started)) s): installed" \
   "$("$work/venv/bin/python" -m pip freeze | grep -i -E '^(torch|transformers|accelerate|lightning|pytorch-lightning)==' | tr '\n' ' ')"
 
 unset PYTHONPATH
-"$work/venv/bin/python" -m pytest tests/integrations -q -p no:cacheprovider \
+# -m "": both tiers (the integrations' multi-process kills are in the slow tier), on
+# pyproject.toml's -n auto workers.
+"$work/venv/bin/python" -m pytest tests/integrations -q -p no:cacheprovider -m "" \
   --ignore=tests/integrations/transformers/test_hf_deepspeed.py \
   -W error::atomic_ckpt.integrations.UntestedVersionWarning
 echo "oldest ($((SECONDS - started)) s): done"

@@ -56,6 +56,7 @@ def _save_and_check(script: str, flags: str, root: Path) -> tuple[str, str]:
     return proc.stdout, line
 
 
+@pytest.mark.slow  # the slow tier (docs/contributing.md): python -m pytest -m slow
 def test_every_workload_saves_three_times_and_its_check_judges_the_result(
     tmp_path: Path,
 ) -> None:

@@ -48,3 +48,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         tr.write_line(f"{key}: {STATS[key]}")
     for key in sorted(FACTS):
         tr.write_line(f"{key}: {FACTS[key]}")
+
+
+FIGURES = "atomic_ckpt_real_figures"
+"""The key of this worker's figures in pytest-xdist's ``workeroutput`` (tests/conftest.py
+adds them up on the controller, which prints them: a worker's summary is not shown)."""
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[FIGURES] = {"stats": dict(STATS), "facts": dict(FACTS), "soak": SOAK}

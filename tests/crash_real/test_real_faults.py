@@ -33,6 +33,8 @@ from _real_support import (
 
 from atomic_ckpt import NotDurableError
 
+pytestmark = pytest.mark.slow  # the slow tier (docs/contributing.md): python -m pytest -m slow
+
 SEED = 11
 ERRNOS = (errno.EIO, errno.ENOSPC)
 SCENARIOS = {"new": 3, "replace": 1, "fallback": 1}

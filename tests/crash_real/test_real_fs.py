@@ -44,7 +44,7 @@ from atomic_ckpt import MARKER, SyncPolicy
 from atomic_ckpt._core.l1_names.names import TAG_OLD, parse_tmp
 from atomic_ckpt.testing import mutant
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]  # the slow tier: python -m pytest -m slow
 
 CHILD = Path(__file__).with_name("_crash_child.py")
 

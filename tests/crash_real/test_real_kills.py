@@ -39,6 +39,8 @@ from _real_support import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.slow  # the slow tier (docs/contributing.md): python -m pytest -m slow
+
 CHILD = Path(__file__).with_name("_crash_child.py")
 HOOK_STEPS = (1, 2, 1, 3)
 """new, new, replace of a step that is not the latest, new."""

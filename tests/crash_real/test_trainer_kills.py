@@ -42,6 +42,8 @@ from _trainer_kill_child import (
 from atomic_ckpt import BEST_LINK, MARKER, TMP_INFIX, CheckpointDir, CheckpointNotFoundError
 from atomic_ckpt._core.l1_names.names import is_marker_name
 
+pytestmark = pytest.mark.slow  # the slow tier (docs/contributing.md): python -m pytest -m slow
+
 CHILD = Path(__file__).with_name("_trainer_kill_child.py")
 WORKERS = 2
 

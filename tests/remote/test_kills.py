@@ -19,6 +19,8 @@ from _remote_support import S3, SMALL_PART, read_tree, write_tree
 
 from atomic_ckpt.remote import RemoteCheckpointDir
 
+pytestmark = pytest.mark.slow  # the slow tier (docs/contributing.md): python -m pytest -m slow
+
 CHILD = Path(__file__).resolve().parent / "_remote_child.py"
 BIG = SMALL_PART + 4321
 """One file uploaded in two parts: kills land between parts."""

@@ -20,6 +20,8 @@ from lightning_runs import Runs
 
 from atomic_ckpt._core.l4_protocol.onefile import _TEMP_RE
 
+pytestmark = pytest.mark.slow  # the slow tier (docs/contributing.md): python -m pytest -m slow
+
 EPOCHS = 6
 """Epochs of 4 steps; a checkpoint at the end of each (top 2 by step, last linked)."""
 

@@ -16,6 +16,8 @@ from packaging.version import Version
 
 from atomic_ckpt import TMP_INFIX
 
+pytestmark = pytest.mark.slow  # the slow tier (docs/contributing.md): python -m pytest -m slow
+
 STEPS, SAVE_STEPS, LIMIT = 8, 2, 2
 
 
