@@ -9,8 +9,10 @@ Imported by the public module after its check that torch and Lightning are insta
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable
@@ -278,7 +280,12 @@ def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
     exchange, the directory is removed first, as the stock callback does."""
     path = Path(linkpath)
     if not (path.is_dir() and not path.is_symlink()):
-        replace_symlink(target, linkpath, durable=durable)
+        try:
+            replace_symlink(target, linkpath, durable=durable)
+        except OSError as exc:
+            if not _symlinks_refused(exc, path.parent):
+                raise
+            _copy_instead(target, path, exc, durable=durable)
         return
     tmp = path.parent / temp_name(path.name)
     _fs.symlink(target, tmp)
@@ -292,6 +299,45 @@ def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
         replace_symlink(target, linkpath, durable=durable)
         return
     remove_directory(tmp, durable=durable)  # the old directory; the parent fsynced too
+
+
+_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+"""What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
+mounts): EPERM, EOPNOTSUPP (also ENOTSUP), ENOSYS, EINVAL."""
+
+_warned_copy: set[Path] = set()
+
+
+def _symlinks_refused(exc: OSError, directory: Path) -> bool:
+    """Whether ``exc`` (wrapped or not) says ``directory``'s filesystem makes no symlinks,
+    rather than that the directory cannot be written at all."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+    return cause.errno in _SYMLINK_REFUSALS and os.access(directory, os.W_OK)
+
+
+def _copy_instead(target: str, path: Path, exc: OSError, *, durable: bool) -> None:
+    """``last`` as a copy of ``target`` where the filesystem refuses symlinks, as the stock
+    callback falls back to, but atomic and durable (:func:`atomic_ckpt.atomic_write`)."""
+    source = path.parent / target
+    if source.is_dir():
+        raise OSError(
+            exc.errno,
+            f"cannot link {path} to the directory {source}: this filesystem makes no "
+            "symlinks, and a sharded checkpoint is not copied; use save_last=True",
+        ) from exc
+    if path.parent not in _warned_copy:
+        _warned_copy.add(path.parent)
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        log.warning(
+            "%s refuses symlinks (%s): %s is written as a copy of %s instead (atomically), "
+            "as Lightning's ModelCheckpoint does",
+            path.parent,
+            os.strerror(cause.errno or 0),
+            path.name,
+            target,
+        )
+    with atomic_write(path, durable=durable) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def _calling_trainer(io: Any) -> Any | None:

@@ -13,9 +13,14 @@ from transformers import Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
-from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
+from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, atomic_write, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.distributed import resume_verified
+from atomic_ckpt.integrations.transformers._final import (
+    _clean_if_present,
+    _final_save,
+    _means_latest,
+)
 from atomic_ckpt.integrations.transformers._hub import _hub_uploads
 from atomic_ckpt.integrations.transformers._resume import (
     CHECKPOINT_PREFIX,
@@ -82,6 +87,7 @@ class AtomicCheckpointMixin(_Base):
         self._atomic_limit: int | None = None
         self._atomic_in_train = False
         self._atomic_views: dict[str, memoryview] = {}
+        self._atomic_saving = False  # inside _save_checkpoint: save_model writes a commit
         world = self.args.world_size
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if self.args.save_on_each_node and per_node < world:
@@ -104,7 +110,18 @@ class AtomicCheckpointMixin(_Base):
     ) -> TrainOutput:
         """``Trainer.train``; ``resume_from_checkpoint=True`` means the newest complete
         checkpoint of ``output_dir`` (ValueError if there is none), chosen as
-        :func:`last_checkpoint` with ``clean=True`` does."""
+        :func:`last_checkpoint` with ``clean=True`` does.
+
+        So do the strings ``"true"`` and ``"latest"`` (any case), which is what an example
+        script's ``--resume_from_checkpoint True`` passes (its argument is a string), unless
+        a directory of that name exists: then it is the path it names. Every start, a
+        resume from a path and a fresh run included, first removes what killed saves left
+        in ``output_dir`` (never a live save), logging each removal.
+        """
+        if _means_latest(resume_from_checkpoint):
+            resume_from_checkpoint = True
+        elif self.args.output_dir is not None and _rank() == 0:
+            _clean_if_present(self.args.output_dir)
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             if self.args.output_dir is None:
                 raise ValueError("resume_from_checkpoint=True needs args.output_dir")
@@ -163,11 +180,13 @@ class AtomicCheckpointMixin(_Base):
             # Trainer pushes from inside the save, while the files are in the staging
             # dir (which the commit then renames): the push waits for the commit.
             setattr(self, "_push_from_checkpoint", pushes.append)  # noqa: B010
+            self._atomic_saving = True
             try:
                 super()._save_checkpoint(model, trial)
             except BaseException as exc:
                 failed = exc
             finally:
+                self._atomic_saving = False
                 delattr(self, "_get_output_dir")
                 delattr(self, "_push_from_checkpoint")
             # Every rank has written (or failed: it still comes here, so no rank waits
@@ -184,6 +203,38 @@ class AtomicCheckpointMixin(_Base):
             self._push_from_checkpoint(str(ckpts.path_of(step)))
         if _rank() == 0:
             self._rotate(ckpts)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """``Trainer.save_model``, each file whole and durable when it returns.
+
+        Inside a checkpoint save the files go into that commit. Called on its own (the
+        final save of a script, ``push_to_hub``'s local save) the model is saved into a
+        staging directory beside (``.tmp-final-model.<hex>``, locked while it is written,
+        so ``clean()`` removes it only after a killed save), then each file is fsynced and
+        renamed over its place in ``output_dir``, and the directory is fsynced: every
+        file is either the old one or the new one, whole, at its usual path. (Atomic per
+        file, not for the set: a crash between two renames leaves some files new.)
+        """
+        if self._atomic_saving:
+            super().save_model(output_dir, _internal_call)
+            return
+        target = output_dir if output_dir is not None else self.args.output_dir
+        if target is None:
+            raise ValueError("save_model needs an output_dir (or args.output_dir)")
+        with _final_save(target, durable=self._atomic_durable) as staging:
+            super().save_model(staging, _internal_call=True)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def save_state(self) -> None:
+        """``Trainer.save_state``: ``trainer_state.json`` replaced atomically and durably."""
+        if not self.is_world_process_zero():
+            return
+        if self.args.output_dir is None:
+            raise ValueError("save_state needs args.output_dir")
+        path = os.path.join(self.args.output_dir, TRAINER_STATE_NAME)
+        with atomic_write(path, durable=self._atomic_durable, parents=True) as tmp:
+            self.state.save_to_json(str(tmp))
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """``Trainer._push_from_checkpoint``, leaving :data:`HUB_IGNORE_PATTERNS` out."""

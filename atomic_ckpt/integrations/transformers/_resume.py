@@ -96,4 +96,4 @@ def _clean(ckpts: CheckpointDir) -> None:
         log.warning("could not remove what killed saves left in %s: %s", ckpts.root, exc)
         return
     for path in removed:
-        log.info("removed %s, left by a killed save", path)
+        log.warning("removed %s, left by a killed save", path)

@@ -283,3 +283,58 @@ def test_a_link_replaces_a_directory_at_last_as_the_stock_callback_does(
     classes.AtomicModelCheckpoint._link_checkpoint(trainer, str(target), str(link))
     assert os.readlink(link) == os.readlink(stock_link) == "epoch=1.ckpt"
     assert sorted(os.listdir(tmp_path)) == ["epoch=1.ckpt", "last.ckpt", "stock"]
+
+
+@pytest.mark.parametrize("errno_name", ["EPERM", "EOPNOTSUPP"])
+@pytest.mark.parametrize("through_io", [False, True])
+def test_where_symlinks_are_refused_last_is_an_atomic_copy_as_stock_falls_back_to(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    errno_name: str,
+    through_io: bool,
+) -> None:
+    """On a filesystem that makes no symlinks (vfat, exFAT, some SMB mounts: symlink()
+    fails with EPERM or EOPNOTSUPP), the stock callback copies the checkpoint to last.ckpt;
+    so does this one, atomically (a temporary file renamed over it), saying so once, with
+    or without AtomicCheckpointIO."""
+    import errno as errno_module
+    import logging
+
+    pl = pl_of("lightning")
+    classes = classes_for("lightning")
+    code = getattr(errno_module, errno_name)
+    refused: list[str] = []
+    real_symlink = os.symlink
+
+    def no_symlinks(target: Any, link: Any, *args: Any, **kwargs: Any) -> None:
+        if str(tmp_path) in os.fspath(link):
+            refused.append(os.fspath(link))
+            raise OSError(code, os.strerror(code), os.fspath(link))
+        real_symlink(target, link, *args, **kwargs)
+
+    monkeypatch.setattr(os, "symlink", no_symlinks)
+    for epoch in (1, 2):
+        (tmp_path / f"epoch={epoch}.ckpt").write_bytes(b"weights %d" % epoch)
+    trainer = Mock() if not through_io else Mock(spec=["is_global_zero", "strategy"])
+    if through_io:
+        trainer.strategy = Mock(spec=["checkpoint_io", "barrier"])
+        trainer.strategy.checkpoint_io = classes.AtomicCheckpointIO()
+    stock, ours = tmp_path / "stock.ckpt", tmp_path / "last.ckpt"
+    with caplog.at_level(logging.WARNING):
+        for epoch in (1, 2):
+            target = str(tmp_path / f"epoch={epoch}.ckpt")
+            pl.callbacks.ModelCheckpoint._link_checkpoint(trainer, target, str(stock))
+            classes.AtomicModelCheckpoint._link_checkpoint(trainer, target, str(ours))
+            if through_io:
+                trainer.strategy.checkpoint_io.teardown()
+            assert ours.read_bytes() == stock.read_bytes() == b"weights %d" % epoch
+    assert refused, "the symlink refusal was never injected"
+    assert not ours.is_symlink()
+    assert caplog.text.count("refuses symlinks") == 1
+    assert sorted(os.listdir(tmp_path)) == [
+        "epoch=1.ckpt",
+        "epoch=2.ckpt",
+        "last.ckpt",
+        "stock.ckpt",
+    ]
