@@ -32,7 +32,5 @@ save(1)
 save(2)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (len(pickle.dumps(state(3)["optim"])) // 2, -1))
-with contextlib.suppress(
-    OSError
-):  # the disk is full: the save fails, the job goes on
+with contextlib.suppress(OSError):  # the disk is full: the save fails, the job goes on
     save(3)
