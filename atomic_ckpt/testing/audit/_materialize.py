@@ -194,22 +194,32 @@ def aside_path(root: Path) -> Path:
 
 @contextlib.contextmanager
 def locked(root: Path) -> Iterator[None]:
-    """Hold the lock on the name ``root`` (it need not exist): one audit at a time."""
+    """Hold the lock on the name ``root`` (it need not exist): one audit at a time. The
+    lock file is removed when released; a lock taken on a file removed meanwhile is
+    retaken on the new one."""
     lock = private_dir(root.parent) / f"{_name(root)}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
             raise AuditError(
                 f"another audit of {root} is running ({holder}); it shows crash states at "
                 f"that path: wait for it to end, then audit again"
             ) from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        os.close(fd)  # its holder removed it as we opened it: take the new one
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
         yield
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
         os.close(fd)
 
 

@@ -61,7 +61,7 @@ def test_29_2_a_relative_root_is_the_workloads_cwd(tmp_path: Path) -> None:
     work.mkdir()
     naive = script(tmp_path, "naive.py", NAIVE)
     resume = [*script(tmp_path, "resume.py", RESUME), "ckpts"]
-    report = audit([*naive, "ckpts"], resume, root="ckpts", cwd=work, models=["kill"])
+    report = audit([*naive, "ckpts"], resume, root="ckpts", cwd=work, models=["kill"], max_states=4)
     assert report.operations > 0
     assert not report.ok
     assert not (work / "ckpts").exists()
