@@ -35,12 +35,13 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def one_line_error(run: subprocess.CompletedProcess[str]) -> str:
-    """The single error line of a run that exited 2 without a traceback."""
+    """The reason a run that exited 2 without a traceback gave, in its one line (what
+    follows it, if anything, is indented detail: the files a replay could not rebuild)."""
     assert run.returncode == 2, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1, run.stderr
-    assert lines[0].startswith("atomic-ckpt audit: error: ")
+    assert lines[0].startswith("atomic-ckpt audit: error: "), run.stderr
+    assert all(line.startswith("  ") for line in lines[1:]), run.stderr  # details, if any
     return lines[0]
 
 
@@ -105,3 +106,30 @@ def test_29_21_the_verdict_never_counts_more_failing_states_than_were_checked(
     for m in report.models:
         assert f"{m} {report.states[m]} of {report.states[m]}" in report.verdict
     assert report.to_dict()["failing"] == report.checked
+
+
+EXCHANGE_FIFO = """\
+import ctypes, os
+os.makedirs("ckpts/1", exist_ok=True)
+with open("ckpts/1/weights.bin", "wb") as f:
+    f.write(b"w" * 4096)
+os.mkfifo("ckpts/pipe")
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.renameat2(-100, b"ckpts/pipe", -100, b"ckpts/1/weights.bin", 2) == 0  # EXCHANGE
+"""
+
+
+def test_29_20_rename_exchange_with_a_fifo_is_judged_or_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """29.20: RENAME_EXCHANGE of a file with a FIFO: a verdict, or exit 2 in one line; never
+    a traceback with the status of a violation."""
+    run = cli(
+        "audit", "--root", "ckpts", "--check", "test -s ckpts/1/weights.bin", "--",
+        *script(tmp_path, "exchange.py", EXCHANGE_FIFO), cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in run.stderr, run.stderr
+    if run.returncode != 1:
+        one_line_error(run)
+    else:
+        assert "BROKEN" in run.stdout
