@@ -37,7 +37,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="crash-test any training script's checkpointing (kill and power loss)",
         description=_DESCRIPTION,
         usage="%(prog)s --root DIR (--check CMD | --check-python MODULE:FUNCTION) "
-        "[--models kill,power] [--json FILE] [--max-states N] [--jobs N] -- CMD [ARG...]",
+        "[--models kill,power] [--json FILE] [--max-states N] [--jobs N] "
+        "[--record-timeout SECONDS] -- CMD [ARG...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--root", required=True, metavar="DIR", help="the checkpoint directory")
