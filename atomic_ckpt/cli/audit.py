@@ -1,8 +1,9 @@
 """``atomic-ckpt audit``: the command line of :func:`atomic_ckpt.testing.audit`.
 
-Exit status: 0 no violation, 1 violations, 2 a usage or environment error (strace
-missing, a recorded run that failed, a recording that cannot rebuild the tree, an
-interrupted audit).
+Exit status: 0 no violation, 1 violations, 2 anything else: nothing was judged (strace
+missing, a recorded run that failed or outlived --record-timeout, a recording that cannot
+rebuild the tree or holds nothing under DIR, an interrupted audit, an error of the audit
+itself), said in one line.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="crash-test any training script's checkpointing (kill and power loss)",
         description=_DESCRIPTION,
         usage="%(prog)s --root DIR (--check CMD | --check-python MODULE:FUNCTION) "
-        "[--models kill,power] [--json FILE] [--max-states N] [--jobs N] -- CMD [ARG...]",
+        "[--models kill,power] [--json FILE] [--max-states N] [--jobs N] "
+        "[--record-timeout SECONDS] -- CMD [ARG...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--root", required=True, metavar="DIR", help="the checkpoint directory")
@@ -81,6 +83,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a check running longer is killed and counts as a violation (default 600)",
     )
     p.add_argument(
+        "--record-timeout",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="end the recorded run after this long, naming the processes still running "
+        "(a daemon the workload left keeps it open; default 3600); exit 2",
+    )
+    p.add_argument(
         "--show",
         type=int,
         default=10,
@@ -112,7 +122,11 @@ def _function(spec: str) -> Callable[[Path], object]:
         raise AuditError(f"--check-python wants MODULE:FUNCTION, not {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a SyntaxError, or whatever its import raises
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise AuditError(f"--check-python {spec}: importing {module_name} failed ({why})") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise AuditError(f"{module_name} has no function {name!r}")
@@ -141,12 +155,21 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             jobs=args.jobs,
             timeout=args.timeout,
+            record_timeout=args.record_timeout,
         )
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (the audit raises it for them)
         print(f"atomic-ckpt audit: interrupted; {args.root} is as it was", file=sys.stderr)
         return EXIT_ERROR
     except (AuditError, OSError, ValueError, ImportError) as exc:
         print(f"atomic-ckpt audit: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # nothing was judged: never the status of a violation
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        print(
+            f"atomic-ckpt audit: error: the audit failed ({why}); nothing was judged; this is "
+            f"a defect of the audit, please report it",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     print(report.render(limit=args.show))
     if args.json:

@@ -3,6 +3,7 @@ then check every distinct crash state of each model at the audited path."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -11,7 +12,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from atomic_ckpt.testing.audit._checks import (
     tail,
 )
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
-from atomic_ckpt.testing.audit._materialize import Materializer, remove, set_aside
+from atomic_ckpt.testing.audit._materialize import Materializer, private_dir, remove, set_aside
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
 from atomic_ckpt.testing.audit._trace import TraceRecorder
@@ -53,6 +54,7 @@ def audit(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     progress: bool | None = None,
+    record_timeout: float | None = None,
 ) -> AuditReport:
     """Audit the crash consistency of ``workload``'s checkpoints under ``root``.
 
@@ -67,11 +69,15 @@ def audit(
 
     ``max_states`` samples that many distinct states (seeded by ``seed``) when there are
     more; ``jobs`` runs that many checks at once, each in a private mount namespace (as
-    root; otherwise serially, with a note); ``timeout`` bounds each check (seconds).
+    root; otherwise serially, with a note); ``timeout`` bounds each check (seconds);
+    ``record_timeout`` the recorded run (a daemon it leaves keeps the recording open).
+    A relative ``root`` is taken relative to ``cwd`` (the workload's working directory).
 
     Raises :class:`AuditError` when nothing can be judged: strace missing
     (:class:`StraceNotFound`), the recorded run failing (:class:`WorkloadFailed`), or a
-    recording that does not rebuild the tree the workload left (:class:`CannotRebuild`).
+    recording that does not rebuild the tree the workload left (:class:`CannotRebuild`),
+    one that holds no operation under ``root``, another audit of ``root`` running, a
+    mount point at ``root``.
     """
     strace_path()
     unknown = [m for m in models if m not in AUDIT_MODELS]
@@ -80,40 +86,38 @@ def audit(
     if jobs < 1 or (max_states is not None and max_states < 1):
         raise ValueError("jobs and max_states must be at least 1")
     models = tuple(m for m in AUDIT_MODELS if m in models)
-    path = Path(os.path.abspath(root))
+    workdir = None if cwd is None else os.path.abspath(cwd)
+    # a relative root names the directory the workload writes: relative to its cwd
+    path = Path(os.path.normpath(os.path.join(workdir or os.getcwd(), root)))
     if not path.parent.is_dir():
         raise AuditError(f"the parent of the audited directory, {path.parent}, does not exist")
     argv = ["/bin/sh", "-c", workload] if isinstance(workload, str) else list(workload)
-    workdir = None if cwd is None else os.fspath(cwd)
     show = sys.stderr.isatty() if progress is None else progress
-    scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.audit-", dir=path.parent))
     timings: dict[str, float] = {}
     notes: list[str] = []
-    try:
-        with set_aside(path) as original:
+    with set_aside(path) as original:
+        scratch = Path(tempfile.mkdtemp(prefix=f"{path.name}.", dir=private_dir(path.parent)))
+        try:
             if original is not None:
                 if not original.is_dir() or original.is_symlink():
                     raise AuditError(f"{path} is not a directory")
                 shutil.copytree(original, path, symlinks=True)
             began = time.monotonic()
-            recorder = TraceRecorder(path)
+            with _judging(path):
+                recorder = TraceRecorder(path)  # the tree the workload starts from
             if workdir is not None:
-                recorder._start_cwd = os.path.abspath(workdir)
+                recorder._start_cwd = workdir
             log = scratch / "workload.log"
-            status = record_command(argv, scratch / "trace", cwd=workdir, env=env, output=log)
+            status = record_command(
+                argv, scratch / "trace", cwd=workdir, env=env, output=log, timeout=record_timeout
+            )
             if status != 0:
                 raise WorkloadFailed(status, tail(log))
-            recorder.feed(read_calls(scratch / "trace"))
-            refused = recorder.fill_mapped(path)
-            (scratch / "trace").unlink()
             timings["record"] = time.monotonic() - began
             began = time.monotonic()
-            model = _CrashModel(recorder.ops, recorder.inodes)
-            final = model._build(range(len(model.ops)), {})
-            mismatches = refused + _compare(final, path, recorder.unseen)
-            if mismatches:
-                raise CannotRebuild(os.fspath(root), mismatches)
-            states, distinct = _plan(model, models)
+            with _judging(path):
+                model, states, distinct = _replay(recorder, path, scratch / "trace", models)
+            (scratch / "trace").unlink()
             chosen = list(range(len(states)))
             sampled = None
             if max_states is not None and len(states) > max_states:
@@ -143,8 +147,8 @@ def audit(
                 show=show,
             )
             timings["checks"] = time.monotonic() - began
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     violations = [
         _violation(model, states[i], m, outcomes[i])
         for m in models
@@ -166,7 +170,52 @@ def audit(
         timings=timings,
         sampled=sampled,
         notes=tuple(notes),
+        failing=sum(1 for i in chosen if outcomes[i].status != 0),
     )
+
+
+def _replay(
+    recorder: TraceRecorder, path: Path, trace: Path, models: Sequence[str]
+) -> tuple[_CrashModel, list[_State], dict[str, int]]:
+    """Replay the recording; refuse (:class:`AuditError`) when it does not rebuild the
+    tree the workload left or holds no operation under ``path``."""
+    recorder.feed(read_calls(trace))
+    refused = recorder.fill_mapped(path)
+    model = _CrashModel(recorder.ops, recorder.inodes)
+    final = model._build(range(len(model.ops)), {})
+    mismatches = refused + _compare(final, path, recorder.unseen)
+    if mismatches:
+        raise CannotRebuild(os.fspath(path), mismatches)
+    if not recorder.ops:
+        raise AuditError(
+            f"the recording holds no operation under {path}: the workload wrote nothing "
+            f"there (is --root the directory it writes? a relative root is taken from the "
+            f"workload's working directory); nothing was judged"
+        )
+    states, distinct = _plan(model, models)
+    return model, states, distinct
+
+
+@contextlib.contextmanager
+def _judging(path: Path) -> Iterator[None]:
+    """Whatever goes wrong while modelling ``path`` is an :class:`AuditError` (nothing
+    was judged), in one line: never mistaken for a verdict."""
+    try:
+        yield
+    except (AuditError, OSError):
+        raise
+    except MemoryError:
+        raise AuditError(
+            f"ran out of memory modelling {path}: the model holds every file under it at "
+            f"its full size, a sparse file's holes included; audit a smaller configuration "
+            f"(files of a few GiB at most); nothing was judged"
+        ) from None
+    except Exception as exc:
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise AuditError(
+            f"the audit failed while modelling the recording of {path} ({why}); this is a "
+            f"defect of the audit, please report it with the workload; nothing was judged"
+        ) from exc
 
 
 def _scan(root: Path) -> dict[str, tuple[str, bytes]]:
@@ -186,7 +235,7 @@ def _scan(root: Path) -> dict[str, tuple[str, bytes]]:
             else:
                 out[rel + name] = ("other", b"")
 
-    if root.is_dir():
+    if root.is_dir() and not root.is_symlink():
         walk(root, "")
     return out
 
@@ -196,6 +245,8 @@ def _compare(final: _Flat, root: Path, unseen: Mapping[str, str]) -> list[tuple[
     replay = {p: (k, b) for p, k, b in final}
     disk = _scan(root)
     out: list[tuple[str, str]] = []
+    if os.path.islink(root):
+        out.append(("", "the audited directory itself is a symlink after the run"))
     for p in sorted(set(replay) | set(disk)):
         why = f" ({unseen[p]})" if p in unseen else ""
         r, d = replay.get(p), disk.get(p)

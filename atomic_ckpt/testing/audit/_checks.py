@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from atomic_ckpt.testing.audit._procs import end_group
+
 Check = str | Sequence[str] | Callable[[Path], object]
 """A shell command line, an argv, or a function of the audited path that raises (or
 returns False) to reject the state."""
@@ -77,6 +79,8 @@ class Running:
         """The outcome once it has ended (a timed-out check is killed: status 124)."""
         if self._status is None:
             self._status = self._poll_status()
+            if self._status is not None:  # what it left running in its group ends with it
+                end_group(self._pid)
         if self._status is None and self.deadline is not None and time.monotonic() > self.deadline:
             self.kill()
             self._status = 124
@@ -94,17 +98,21 @@ class Running:
             return None
         return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
-    def kill(self) -> None:
-        """Kill it and its children (it runs in a session of its own)."""
+    @property
+    def _pid(self) -> int:
         pid = self.popen.pid if self.popen is not None else self.pid
         assert pid is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, 9)
+        return pid
+
+    def kill(self) -> None:
+        """Kill it and its children at once (SIGKILL to the session of its own it runs
+        in, which no check can ignore), then reap it."""
+        end_group(self._pid)
         if self.popen is not None:
             self.popen.wait()
         else:
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+                os.waitpid(self._pid, 0)
 
 
 def start(

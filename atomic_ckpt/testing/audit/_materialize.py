@@ -1,9 +1,12 @@
-"""Put crash states on disk: set the audited directory aside, show one state after another
-at its path (changing only what differs from the last one), and put the original back."""
+"""Put crash states on disk: lock the audited path, park the original in the audits'
+private directory, show one state after another at its path (changing only what differs
+from the last one, never through a symlink), and put the original back."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -24,12 +27,36 @@ def _key(st: os.stat_result) -> _Key:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _kind(st: os.stat_result) -> str:
+    return "symlink" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else "file"
+
+
+def _open_root(target: Path) -> int:
+    """A descriptor of the directory at ``target``, never through a symlink: a link (or a
+    file) a check or the workload left at the root is removed, not followed."""
+    try:
+        st: os.stat_result | None = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        os.unlink(target)
+        st = None
+    if st is None:
+        os.mkdir(target)
+    return os.open(target, _DIR)
+
+
 class Materializer:
     """Shows crash states at ``target``, one at a time, incrementally.
 
     Only the entries that differ from the previous state are written; an entry a check
     changed (its inode, size or times moved) is rewritten, so a check may modify the
-    tree freely.
+    tree freely. Every name is reached from a descriptor of its directory with
+    ``O_NOFOLLOW`` (``openat`` and friends): a symlink a check puts at the root or
+    anywhere in the state is removed or replaced, never written through.
     """
 
     def __init__(self, target: Path) -> None:
@@ -41,40 +68,48 @@ class Materializer:
     def show(self, flat: _Flat) -> None:
         """Make ``target`` hold exactly ``flat`` (paths relative to it, parents first)."""
         want = {path: (kind, payload) for path, kind, payload in flat}
-        self.target.mkdir(parents=True, exist_ok=True)
-        self._prune(self.target, "", want)
-        for path, kind, payload in flat:
-            full = self.target / path
-            if path in self._shown:
-                continue
-            if kind == "dir":
-                full.mkdir()
-                self._shown[path] = (kind, b"", _key(os.lstat(full)))
-            elif kind == "symlink":
-                os.symlink(os.fsdecode(payload), full)
-                self._shown[path] = (kind, payload, _key(os.lstat(full)))
-            else:
-                with open(full, "wb") as f:
-                    f.write(payload)
-                self.written += len(payload)
-                self._shown[path] = (kind, payload, _key(os.lstat(full)))
-
-    def _prune(self, directory: Path, rel: str, want: dict[str, tuple[str, bytes]]) -> None:
+        dirs = {"": _open_root(self.target)}
         try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return
-        for name in names:
+            self._prune(dirs[""], "", want)
+            for path, kind, payload in flat:
+                if path in self._shown:
+                    continue
+                parent, _, name = path.rpartition("/")
+                at = dirs.get(parent)
+                if at is None:
+                    at = dirs[parent] = self._open_dir(dirs, parent)
+                if kind == "dir":
+                    os.mkdir(name, dir_fd=at)
+                    key = _key(os.lstat(name, dir_fd=at))
+                elif kind == "symlink":
+                    os.symlink(os.fsdecode(payload), name, dir_fd=at)
+                    key = _key(os.lstat(name, dir_fd=at))
+                else:
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                    with open(os.open(name, flags, 0o644, dir_fd=at), "wb") as f:
+                        f.write(payload)
+                        key = _key(os.fstat(f.fileno()))
+                    self.written += len(payload)
+                self._shown[path] = (kind, payload if kind != "dir" else b"", key)
+        finally:
+            for fd in dirs.values():
+                os.close(fd)
+
+    def _open_dir(self, dirs: dict[str, int], rel: str) -> int:
+        parent, _, name = rel.rpartition("/")
+        at = dirs.get(parent)
+        if at is None:
+            at = dirs[parent] = self._open_dir(dirs, parent)
+        return os.open(name, _DIR, dir_fd=at)
+
+    def _prune(self, fd: int, rel: str, want: dict[str, tuple[str, bytes]]) -> None:
+        for name in os.listdir(fd):
             path = f"{rel}{name}"
-            full = directory / name
-            st = os.lstat(full)
-            kind = (
-                "symlink"
-                if stat.S_ISLNK(st.st_mode)
-                else "dir"
-                if stat.S_ISDIR(st.st_mode)
-                else "file"
-            )
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            kind = _kind(st)
             shown = self._shown.get(path)
             wanted = want.get(path)
             keep = (
@@ -85,20 +120,26 @@ class Materializer:
                 and (shown[1] is wanted[1] or shown[1] == wanted[1])
             )
             if keep and kind == "dir":
-                self._prune(full, path + "/", want)
+                sub = os.open(name, _DIR, dir_fd=fd)
+                try:
+                    self._prune(sub, path + "/", want)
+                finally:
+                    os.close(sub)
                 continue
             if keep:
                 continue
             if kind == "dir":
-                shutil.rmtree(full)
+                shutil.rmtree(name, dir_fd=fd)
                 for gone in [p for p in self._shown if p == path or p.startswith(path + "/")]:
                     del self._shown[gone]
             else:
-                os.unlink(full)
+                os.unlink(name, dir_fd=fd)
                 self._shown.pop(path, None)
         # a name this object showed that is no longer on disk must be recreated
         for path in [p for p in self._shown if p.startswith(rel) and "/" not in p[len(rel) :]]:
-            if not os.path.lexists(self.target / path):
+            try:
+                os.lstat(path[len(rel) :], dir_fd=fd)
+            except FileNotFoundError:
                 for gone in [p for p in self._shown if p == path or p.startswith(path + "/")]:
                     del self._shown[gone]
 
@@ -107,9 +148,79 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) arrived during an audit: the original directory is put back."""
 
 
+PRIVATE = ".atomic-ckpt-audit"
+"""The audits' own directory, at the top of the filesystem the audited directory is on."""
+
+
+def _mount_top(path: Path) -> Path:
+    path = Path(os.path.realpath(path))
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
+
+
+def private_dir(near: Path) -> Path:
+    """A directory only audits use, on the filesystem of ``near`` (so that a rename parks
+    the original there): ``.atomic-ckpt-audit`` at the top of that filesystem, else in
+    the home directory if it is on it, else in ``near`` itself; mode 0700, this user's."""
+    dev = os.stat(near).st_dev
+    for base in (_mount_top(near) / PRIVATE, Path.home() / PRIVATE, near / PRIVATE):
+        with contextlib.suppress(OSError):
+            base.mkdir(mode=0o700, exist_ok=True)
+            st = os.lstat(base)
+            if (
+                stat.S_ISDIR(st.st_mode)
+                and st.st_dev == dev
+                and st.st_uid == os.geteuid()
+                and not st.st_mode & 0o077
+            ):
+                return base
+    raise AuditError(
+        f"found no private directory on the filesystem of {near} to keep the original in "
+        f"while the audit runs: make {near / PRIVATE} a directory only you can write (mode 0700)"
+    )
+
+
+def _name(root: Path) -> str:
+    digest = hashlib.sha256(os.fsencode(os.path.abspath(root))).hexdigest()[:20]
+    return f"{root.name[:40]}-{digest}"
+
+
 def aside_path(root: Path) -> Path:
-    """Where the original ``root`` waits while crash states are shown at its path."""
-    return root.parent / f".{root.name}.audit-original"
+    """Where the original ``root`` waits while crash states are shown at its path: in the
+    audits' private directory, out of the workload's and the check's reach."""
+    return private_dir(root.parent) / f"{_name(root)}.original"
+
+
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Hold the lock on the name ``root`` (it need not exist): one audit at a time. The
+    lock file is removed when released; a lock taken on a file removed meanwhile is
+    retaken on the new one."""
+    lock = private_dir(root.parent) / f"{_name(root)}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise AuditError(
+                f"another audit of {root} is running ({holder}); it shows crash states at "
+                f"that path: wait for it to end, then audit again"
+            ) from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        os.close(fd)  # its holder removed it as we opened it: take the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
 
 
 def remove(path: Path) -> None:
@@ -122,36 +233,52 @@ def remove(path: Path) -> None:
 
 @contextlib.contextmanager
 def set_aside(root: Path) -> Iterator[Path | None]:
-    """Move ``root`` aside for the audit and put it back afterwards, also after Ctrl-C,
-    SIGTERM or SIGHUP (the signals raise :class:`Interrupted` in the main thread).
+    """Lock the name ``root``, park the directory there (if any) in the audits' private
+    directory and put it back afterwards, also after Ctrl-C, SIGTERM or SIGHUP (the
+    signals raise :class:`Interrupted` in the main thread).
 
     Yields where the original is (None if ``root`` did not exist). What the audit leaves
     at ``root`` is removed first.
     """
-    aside = aside_path(root)
-    if os.path.lexists(aside):
-        raise AuditError(
-            f"{aside} exists: an earlier audit of {root} was killed before it could put the "
-            f"original back; check it, move it back to {root} (or remove it), then audit again"
-        )
-    moved = os.path.lexists(root)
-    if moved:
-        os.rename(root, aside)
-    previous: dict[signal.Signals, Any] = {}
+    with locked(root):
+        aside = aside_path(root)
+        if os.path.lexists(aside):
+            raise AuditError(
+                f"{aside} exists: an earlier audit of {root} was killed before it could put "
+                f"the original back; check it, move it back to {root} (or remove it), then "
+                f"audit again"
+            )
+        if os.path.ismount(root):
+            raise AuditError(
+                f"{root} is a mount point: the audit moves the directory aside and shows each "
+                f"crash state at its path, which it cannot do to a mount point; audit a "
+                f"directory inside it instead (--root {root / 'ckpts'}, say)"
+            )
+        previous: dict[signal.Signals, Any] = {}
 
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(f"signal {signum}")
+        def interrupted(signum: int, frame: FrameType | None) -> None:
+            raise Interrupted(f"signal {signum}")
 
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, interrupted)
-    try:
-        yield aside if moved else None
-    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                previous[sig] = signal.signal(sig, interrupted)
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)  # no interrupt until it is parked
+        moved = ready = False
         try:
-            remove(root)
+            if os.path.lexists(root):
+                os.rename(root, aside)
+                moved = True
+            ready = True  # from here on, what is at root is the audit's
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+            yield aside if moved else None
         finally:
-            if moved:
-                os.rename(aside, root)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+            try:
+                if ready:
+                    remove(root)
+            finally:
+                if moved:
+                    os.rename(aside, root)
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)

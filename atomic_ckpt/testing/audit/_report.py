@@ -69,6 +69,9 @@ class AuditReport:
     sampled: str | None = None
     """How the states were sampled past ``max_states``, or None if all were checked."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    failing: int | None = None
+    """Distinct states whose check failed, each counted once however many models (and
+    crash points) lead to it; at most :attr:`checked`. None: one per violation."""
 
     @property
     def ok(self) -> bool:
@@ -87,11 +90,19 @@ class AuditReport:
             return f"clean: all {self.checked} distinct crash states pass ({per})" + (
                 " [sampled]" if self.sampled else ""
             )
-        counts = ", ".join(f"{m} {len(self.by_model(m))}" for m in self.models)
-        return (
-            f"BROKEN: {len(self.violations)} crash states fail the check ({counts}): a crash "
-            "at those points leaves a checkpoint the check cannot resume from"
+        counts = ", ".join(
+            f"{m} {len(self.by_model(m))} of {self.states.get(m, 0)}" for m in self.models
         )
+        return (
+            f"BROKEN: {self.failed} of {self.checked} distinct crash states fail the check "
+            f"({counts}): a crash at those points leaves a checkpoint the check cannot "
+            "resume from" + (" [sampled]" if self.sampled else "")
+        )
+
+    @property
+    def failed(self) -> int:
+        """Distinct states that failed, each once (:attr:`failing`, when known)."""
+        return len(self.violations) if self.failing is None else self.failing
 
     def summary(self) -> str:
         """The header: counts per model and the time split."""
@@ -141,6 +152,7 @@ class AuditReport:
             "states": dict(self.states),
             "distinct_states": dict(self.distinct),
             "checked": self.checked,
+            "failing": self.failed,
             "sampled": self.sampled,
             "timings": dict(self.timings),
             "notes": list(self.notes),

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from atomic_ckpt.testing.audit._errors import AuditError
+from atomic_ckpt.testing.audit._procs import run_traced
 
 AT_FDCWD = -100
 
@@ -58,10 +58,13 @@ def record_command(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     output: Path | None = None,
+    timeout: float | None = None,
 ) -> int:
     """Run ``argv`` under strace writing ``trace``; return the workload's exit status.
 
-    The workload's stdout and stderr go to ``output`` (default: inherited).
+    The workload's stdout and stderr go to ``output`` (default: inherited). Past
+    ``timeout`` seconds, or on any exception while waiting, the whole traced tree is
+    ended (:func:`._procs.run_traced`).
     """
     cmd = [
         strace_path(),
@@ -85,11 +88,9 @@ def record_command(
         *argv,
     ]
     if output is None:
-        return subprocess.run(cmd, cwd=cwd, env=env, check=False).returncode
+        return run_traced(cmd, cwd=cwd, env=env, stdout=None, timeout=timeout)
     with open(output, "wb") as out:
-        return subprocess.run(
-            cmd, cwd=cwd, env=env, check=False, stdout=out, stderr=subprocess.STDOUT
-        ).returncode
+        return run_traced(cmd, cwd=cwd, env=env, stdout=out, timeout=timeout)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import pytest
 from _audit_scripts import COMMITTED, NAIVE, RESUME, needs_strace, script
 
 from atomic_ckpt.testing.audit._checks import namespaces_available
+from atomic_ckpt.testing.audit._materialize import aside_path
 
 pytestmark = needs_strace
 
@@ -144,7 +145,7 @@ def test_an_interrupted_audit_puts_dir_back(tmp_path: Path, sig: signal.Signals)
         assert audit.poll() is None, audit.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert (tmp_path / ".ckpts.audit-original").is_dir()  # the original is set aside
+    assert aside_path(root).is_dir()  # the original is parked out of reach
     audit.send_signal(sig)
     _, err = audit.communicate(timeout=60)
     assert audit.returncode == 2, err

@@ -71,7 +71,10 @@ def test_a_leftover_original_from_a_killed_audit_is_never_overwritten(tmp_path: 
     root = tmp_path / "ckpts"
     root.mkdir()
     aside_path(root).mkdir()
-    with pytest.raises(AuditError, match="move it back"), set_aside(root):
-        pass
-    assert root.is_dir()
-    assert aside_path(root).is_dir()
+    try:
+        with pytest.raises(AuditError, match="move it back"), set_aside(root):
+            pass
+        assert root.is_dir()
+        assert aside_path(root).is_dir()
+    finally:
+        aside_path(root).rmdir()  # in the audits' shared private directory, not tmp_path
