@@ -123,8 +123,27 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     ),
     "atomic_ckpt.testing.invariants": ("check_invariants",),
     "atomic_ckpt.testing.mutants": (
+        "API_MUTANTS",
         "STEPS",
+        "api_mutant",
         "mutant",
+    ),
+    "atomic_ckpt.testing.model": (
+        "Observation",
+        "Refused",
+        "RootModel",
+        "Saved",
+        "Target",
+        "observe",
+    ),
+    "atomic_ckpt.testing.actions": ("A", "Action", "B", "Boom", "LEGACY", "PART"),
+    "atomic_ckpt.testing.alphabet": ("ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"),
+    "atomic_ckpt.testing.sequences": (
+        "Outcome",
+        "Totals",
+        "check_sequence",
+        "explore_sequences",
+        "sequences",
     ),
     "atomic_ckpt.integrations.transformers": (
         "AtomicCheckpointMixin",
