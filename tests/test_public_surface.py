@@ -138,6 +138,13 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     ),
     "atomic_ckpt.testing.actions": ("A", "Action", "B", "Boom", "LEGACY", "PART"),
     "atomic_ckpt.testing.alphabet": ("ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"),
+    "atomic_ckpt.testing.histories": (
+        "CONCURRENT",
+        "Call",
+        "check_history",
+        "random_plans",
+        "run_history",
+    ),
     "atomic_ckpt.testing.sequences": (
         "Outcome",
         "Totals",

@@ -6,6 +6,7 @@ defect the reviews found, put back, is caught."""
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from strategies import examples
 from atomic_ckpt import CheckpointDir, StepConflictError
 from atomic_ckpt.testing.actions import A, Action
 from atomic_ckpt.testing.alphabet import ACTIONS, ALPHABET, EXCLUDED, ROOTS, by_name
+from atomic_ckpt.testing.histories import check_history, random_plans, run_history
 from atomic_ckpt.testing.model import Refused, RootModel, Saved, observe
 from atomic_ckpt.testing.mutants import API_MUTANTS, api_mutant
 from atomic_ckpt.testing.sequences import Totals, check_sequence, sequences
@@ -194,3 +196,26 @@ def test_the_model_states_contents_and_metadata_exactly() -> None:
     m = RootModel()
     m.steps[1] = Saved.of(A, {"loss": 1})
     assert m.observation() == {"step:1": Saved((("model.bin", A["model.bin"]),), '{"loss": 1}')}
+
+
+# ---- concurrent histories
+
+
+@pytest.mark.parametrize("seed", range(8 if not SOAK else 100))
+def test_concurrent_histories_are_linearizable(seed: int, tmp_path: Path) -> None:
+    """2-3 processes run random short sequences on one root (some killed mid-action): some
+    order of the calls respecting real time explains every outcome and the final state."""
+    rng = random.Random(seed)
+    plans = random_plans(rng, processes=2 + seed % 2, length=2)
+    kill = 0 if seed % 3 == 2 else None
+    root = ROOT["two" if seed % 2 else "prefixed"]
+    start, calls, final = run_history(root, tmp_path, plans, kill=kill, kill_after=0.05)
+    assert len(calls) == sum(map(len, plans)) or kill is not None
+    assert check_history(start, calls, final) is None, (plans, calls, final)
+
+
+def test_the_linearizability_check_rejects_a_history_no_order_explains(tmp_path: Path) -> None:
+    """The same history with a final state it cannot reach is rejected."""
+    start, calls, final = run_history(ROOT["two"], tmp_path, [["delete_step"], ["set_best"]])
+    assert check_history(start, calls, final) is None
+    assert check_history(start, calls, {**final, "best": 7}) is not None
