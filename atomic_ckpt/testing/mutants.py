@@ -1,14 +1,23 @@
 """Protocol mutants: the full durability protocol with one step switched off, which the
-power-loss simulation must reject (they live here, never in the library itself)."""
+power-loss simulation must reject (they live here, never in the library itself); and
+API mutants (:func:`api_mutant`): the defects reviews found in the operations above
+the protocol, put back one at a time for the model check to find."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from atomic_ckpt import MARKER, SyncPolicy
+from atomic_ckpt import MARKER, Commit, SyncPolicy
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l4_protocol import amend as _amend
+from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import stage as _stage
 
-__all__ = ["STEPS", "mutant"]
+__all__ = ["API_MUTANTS", "STEPS", "api_mutant", "mutant"]
 
 STEPS = ("file", "subdir", "marker", "marker_tmp", "staging", "root")
 """The durability steps of :class:`~atomic_ckpt.SyncPolicy` a mutant can switch off:
@@ -56,3 +65,101 @@ def mutant(without: str) -> SyncPolicy:
     if without not in STEPS:
         raise ValueError(f"unknown step {without!r}; choose one of {STEPS}")
     return _Mutant(without)
+
+
+# ---- API mutants: each patches one module attribute for the duration of a with block
+
+
+@contextlib.contextmanager
+def _patched(obj: object, name: str, value: object) -> Iterator[None]:
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
+@contextlib.contextmanager
+def _join_no_abort() -> Iterator[None]:
+    """A joined block's error leaves the outer commit open: it publishes the half."""
+
+    @contextlib.contextmanager
+    def joined(commit: Commit) -> Iterator[Path]:
+        yield commit.path
+
+    with _patched(_commit, "joined", joined):
+        yield
+
+
+@contextlib.contextmanager
+def _amend_stale_entries() -> Iterator[None]:
+    """amend carries the replaced files' old manifest entries over beside the new ones."""
+    real = _amend.carry_over
+
+    def carry_over(root: Any, base: Any, staging: Path, written: Any, gone: Any, **kw: Any) -> Any:
+        out = real(root, base, staging, written, gone, **kw)
+        new = {e.path for e in written}
+        return out + [e for e in base.manifest.files if e.path in new and e.type == "file"]
+
+    with _patched(_amend, "carry_over", carry_over):
+        yield
+
+
+@contextlib.contextmanager
+def _aliases_after_root_fsync() -> Iterator[None]:
+    """A commit points its aliases only after the root fsync: they are not durable when
+    it returns."""
+    real_point, real_protocol = _delete.point_aliases, Commit._protocol
+    pending: list[tuple[Any, ...]] = []
+
+    def point_aliases(*args: Any) -> None:
+        pending.append(args)
+
+    def protocol(self: Commit, *args: Any) -> Any:
+        out = real_protocol(self, *args)
+        for call in pending:
+            real_point(*call)
+        pending.clear()
+        return out
+
+    with _patched(_delete, "point_aliases", point_aliases), _patched(Commit, "_protocol", protocol):
+        yield
+
+
+@contextlib.contextmanager
+def _drop_aliases_after_promotion() -> Iterator[None]:
+    """replace_aliases drops the older save's aliases after the promotion, not before: a
+    crash between leaves an old label on the new contents."""
+    real_drop, real_promote = _delete.drop_aliases, _stage.promote
+    pending: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def drop_aliases(*args: Any, **kw: Any) -> None:
+        pending.append((args, kw))
+
+    def promote(*args: Any) -> Any:
+        out = real_promote(*args)
+        for a, kw in pending:
+            real_drop(*a, **kw)
+        pending.clear()
+        return out
+
+    with _patched(_delete, "drop_aliases", drop_aliases), _patched(_stage, "promote", promote):
+        yield
+
+
+API_MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "join_error_not_aborting": _join_no_abort,
+    "amend_stale_entries": _amend_stale_entries,
+    "aliases_after_root_fsync": _aliases_after_root_fsync,
+    "replace_aliases_drop_after_promotion": _drop_aliases_after_promotion,
+}
+"""The review defects, by name: each a context manager that puts one back."""
+
+
+def api_mutant(name: str) -> contextlib.AbstractContextManager[None]:
+    """Put the review defect ``name`` (one of :data:`API_MUTANTS`) back for a with block
+    (in this process only: it patches the library's module attributes)."""
+    if name not in API_MUTANTS:
+        raise ValueError(f"unknown API mutant {name!r}; choose one of {sorted(API_MUTANTS)}")
+    return API_MUTANTS[name]()

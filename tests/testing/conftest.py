@@ -34,3 +34,16 @@ def crash_stats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashStats
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in _SUMMARY:
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def model_totals() -> Iterator[object]:
+    """Totals of the model check (tests/testing/test_model_check.py), for the summary."""
+    from atomic_ckpt.testing.sequences import Totals
+
+    totals = Totals()
+    yield totals
+    _SUMMARY.append(
+        f"model check: {totals.sequences} sequences, {totals.operations} operations recorded, "
+        f"{totals.crash_states} crash states ({totals.distinct_states} distinct) checked"
+    )

@@ -1,0 +1,248 @@
+"""The sequence explorer: run a sequence of actions against the reference model, record its
+last action once, and check every ``kill`` and ``power`` crash state of it.
+
+The actions before the last one run unrecorded (the durable starting state, as in
+CrashMonkey's ACE: their own crash states are those of shorter sequences). Each one's
+outcome is compared with the model live (the exception it must raise, the state it must
+leave); then every crash state of the last action must be, for each entry, the model
+before it or after it (steps and named checkpoints it changes move together unless it
+is ``multi``), with no alias naming a save it does not belong to; every complete step
+verifies; ``clean()`` changes nothing observable and ``clean(force=True)`` then leaves no
+leftovers; and ``latest()`` is the highest complete step (a resume never starts fresh
+over something usable). A crash after the action's last operation must show the model
+after it: what returned is durable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from atomic_ckpt import TMP_INFIX, CheckpointDir
+from atomic_ckpt.testing._crash import _quiet, record
+from atomic_ckpt.testing._results import CrashState
+from atomic_ckpt.testing.actions import Action
+from atomic_ckpt.testing.alphabet import ALPHABET, ROOTS, Root
+from atomic_ckpt.testing.model import Observation, Refused, RootModel, observe
+
+__all__ = ["Outcome", "Totals", "check_sequence", "explore_sequences", "sequences"]
+
+
+@dataclass
+class Outcome:
+    """What checking one sequence found."""
+
+    root: str
+    actions: tuple[str, ...]
+    operations: int = 0
+    states_generated: int = 0
+    states_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        head = f"{self.root}: {' ; '.join(self.actions)}"
+        return head + ("" if self.ok else "\n  " + "\n  ".join(self.problems))
+
+
+def _expect(model: RootModel, action: Action) -> tuple[RootModel, type[BaseException] | None]:
+    after = model.copy()
+    try:
+        action.apply(after)
+    except Refused as refused:
+        return model, refused.expected
+    return after, None
+
+
+def _live(
+    ckpts: CheckpointDir, action: Action, after: RootModel, expected: type[BaseException] | None
+) -> list[str]:
+    """Run ``action`` for real: did it raise what the model says, and leave its state?"""
+    problems: list[str] = []
+    try:
+        action.run(ckpts)
+    except Exception as exc:
+        if expected is None or not isinstance(exc, expected):
+            want = expected.__name__ if expected else "success"
+            problems.append(f"{action.name}: raised {exc!r}, the model says {want}")
+    else:
+        if expected is not None:
+            problems.append(f"{action.name}: returned, the model says {expected.__name__}")
+    try:
+        with _quiet():
+            seen = observe(ckpts.root, prefix=ckpts.prefix)
+    except AssertionError as exc:
+        return [*problems, f"{action.name}: {exc}"]
+    want_obs = after.observation()
+    if seen != want_obs:
+        problems.append(f"{action.name}: left {_diff(seen, want_obs)}")
+    return problems
+
+
+def _diff(seen: Observation, want: Observation) -> str:
+    keys = sorted(set(seen) | set(want))
+    return "; ".join(
+        f"{k}: {_short(seen.get(k))} (model: {_short(want.get(k))})"
+        for k in keys
+        if seen.get(k) != want.get(k)
+    )
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) < 120 else text[:117] + "..."
+
+
+def _judge(obs: Observation, before: Observation, after: Observation, action: Action) -> None:
+    """Reject ``obs`` unless each entry is before or after (see the module docstring)."""
+    for key in sorted(set(obs) | set(before) | set(after)):
+        if obs.get(key) not in (before.get(key), after.get(key)):
+            raise AssertionError(
+                f"{key} is {_short(obs.get(key))}: neither before ({_short(before.get(key))}) "
+                f"nor after ({_short(after.get(key))})"
+            )
+    changed = [
+        k
+        for k in set(before) | set(after)
+        if k.split(":")[0] in ("step", "named", "legacy") and before.get(k) != after.get(k)
+    ]
+    if not action.multi:
+        main = [k for k in changed if k not in action.lingers]
+        sides = {obs.get(k) == after.get(k) for k in main}
+        if len(sides) > 1:
+            raise AssertionError(f"half the action shows: {sorted(changed)} mix before and after")
+        early = [k for k in changed if k in action.lingers and obs.get(k) == after.get(k)]
+        if early and sides == {False}:
+            raise AssertionError(f"{early} changed before the rest of {action.name}")
+    for key, target in obs.items():
+        if not key.startswith("alias:") or not isinstance(target, tuple):
+            continue
+        tkey = f"{target[0]}:{target[1]}"
+        if before.get(tkey) == after.get(tkey):
+            continue
+        if target == before.get(key) != after.get(key) and obs.get(tkey) == after.get(tkey):
+            raise AssertionError(f"{key} (of the older save) names {tkey}'s new save")
+        if target == after.get(key) != before.get(key) and obs.get(tkey) != after.get(tkey):
+            raise AssertionError(f"{key} names {tkey} before its new save is there")
+
+
+def check_sequence(
+    root: Root,
+    actions: Sequence[Action],
+    *,
+    models: Sequence[str] = ("kill", "power"),
+    crashes: bool = True,
+) -> Outcome:
+    """Check one sequence from ``root``: live against the model, then every crash state of
+    its last action (``crashes=False``: live only)."""
+    outcome = Outcome(root.name, tuple(a.name for a in actions))
+    model = RootModel(prefix=root.prefix)
+    for a in root.setup:
+        a.apply(model)
+    plan: list[tuple[Action, RootModel, type[BaseException] | None]] = []
+    for a in actions:
+        after, expected = _expect(model, a)
+        plan.append((a, after, expected))
+        model = after
+    before = plan[-2][1] if len(plan) > 1 else _start(root)
+    last, after, expected = plan[-1]
+
+    def setup(ckpts: CheckpointDir) -> None:
+        ckpts.root.mkdir(parents=True, exist_ok=True)
+        for a in root.setup:
+            a.run(ckpts)
+        for a, after_a, expected_a in plan[:-1]:
+            outcome.problems.extend(_live(ckpts, a, after_a, expected_a))
+
+    def save(ckpts: CheckpointDir) -> None:
+        outcome.problems.extend(_live(ckpts, last, after, expected))
+
+    with record(save, setup=setup, prefix=root.prefix) as rec:
+        outcome.operations = len(rec.ops)
+        if not crashes or outcome.problems:
+            return outcome
+        b, a_obs = before.observation(), after.observation()
+        end = len(rec.ops)
+
+        def checker(state: CrashState) -> None:
+            prefix = state.prefix
+            obs = observe(state.root, prefix=prefix)
+            if state.crash_point == end and obs != a_obs:
+                raise AssertionError(f"after {last.name} returned: {_diff(obs, a_obs)}")
+            _judge(obs, b, a_obs, last)
+            ckpts = state.checkpoints()
+            if state.root.is_dir():
+                ckpts.clean()
+                cleaned = observe(state.root, prefix=prefix)
+                if cleaned != obs:
+                    raise AssertionError(f"clean() changed the state: {_diff(cleaned, obs)}")
+                ckpts.clean(force=True)
+                left = [n for n in os.listdir(state.root) if TMP_INFIX in n or "tmp-" in n]
+                if left:
+                    raise AssertionError(f"clean(force=True) left {left}")
+            steps = [int(k[5:]) for k in obs if k.startswith("step:")]
+            latest = ckpts.latest()
+            if (latest.step if latest else None) != max(steps, default=None):
+                raise AssertionError(f"latest() is {latest}, complete steps {sorted(steps)}")
+
+        report = rec.explore(checker, models=models)
+    outcome.states_generated = report.states_generated
+    outcome.states_checked = report.states_checked
+    if report.failure is not None:
+        outcome.problems.append(str(report.failure))
+    return outcome
+
+
+def _start(root: Root) -> RootModel:
+    model = RootModel(prefix=root.prefix)
+    for a in root.setup:
+        a.apply(model)
+    return model
+
+
+def sequences(
+    length: int,
+    *,
+    alphabet: Sequence[Action] = ALPHABET,
+    roots: Sequence[Root] = ROOTS,
+    sample: int | None = None,
+    seed: int = 0,
+) -> list[tuple[Root, tuple[Action, ...]]]:
+    """Every sequence of ``length`` actions from every root, or ``sample`` of them."""
+    every = [(r, tuple(seq)) for r in roots for seq in itertools.product(alphabet, repeat=length)]
+    if sample is not None and sample < len(every):
+        every = random.Random(seed).sample(every, sample)
+    return every
+
+
+@dataclass
+class Totals:
+    """Counts over many sequences."""
+
+    sequences: int = 0
+    operations: int = 0
+    crash_states: int = 0
+    distinct_states: int = 0
+    failures: list[Outcome] = field(default_factory=list)
+
+    def add(self, outcome: Outcome) -> None:
+        self.sequences += 1
+        self.operations += outcome.operations
+        self.crash_states += outcome.states_generated
+        self.distinct_states += outcome.states_checked
+        if not outcome.ok:
+            self.failures.append(outcome)
+
+
+def explore_sequences(
+    todo: Iterable[tuple[Root, tuple[Action, ...]]], **options: object
+) -> Iterator[Outcome]:
+    """:func:`check_sequence` on each sequence of ``todo``."""
+    for root, seq in todo:
+        yield check_sequence(root, seq, **options)  # type: ignore[arg-type]
