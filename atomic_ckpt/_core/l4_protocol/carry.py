@@ -28,29 +28,28 @@ import contextlib
 import dataclasses
 import os
 import posixpath
-from typing import TYPE_CHECKING, cast
+from pathlib import Path
+from typing import cast
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     ManifestError,
+    StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import parse_step
+from atomic_ckpt._core.l1_names.names import check_chosen_name, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
-from atomic_ckpt._core.l3_formats.read import Checkpoint
-from atomic_ckpt._core.l3_formats.tree import identity
+from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
+from atomic_ckpt._core.l3_formats.tree import Identity, identity
 from atomic_ckpt._core.l4_protocol import delete as _delete
-from atomic_ckpt._core.l4_protocol import named as _named
-from atomic_ckpt._core.l4_protocol.amend import Pinned
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 
-if TYPE_CHECKING:
-    from atomic_ckpt._core.l4_protocol.commit import Commit
-
 Method = _share.Method
+Carried = dict[str, tuple[FileEntry, Identity]]
+"""A commit's carried files: relative path -> (its entry, its identity when carried)."""
 
 _RANK: dict[Method, int] = {"reflink": 0, "hardlink": 1, "copy": 2}
 
@@ -71,17 +70,48 @@ def source_of(root: Root, from_: int | str) -> Checkpoint:
     if isinstance(from_, str):
         step = parse_step(from_, root.prefix)
         if step is None:
-            found = _named.get(root, from_)
+            name = check_chosen_name("checkpoint name", from_, root.prefix, hidden=False)
+            path = root.path / name
+            try:
+                manifest = read_marker(path) if not os.path.islink(path) else None
+            except (OSError, ValueError):
+                manifest = None
+            if manifest is None:
+                raise CheckpointNotFoundError(
+                    f"no complete checkpoint {from_!r} in {root.path} to carry from", path=path
+                )
             # A named checkpoint has no step; Checkpoint only carries it for messages.
-            return Checkpoint(cast(int, None), found.path, found.manifest)
+            return Checkpoint(cast(int, manifest.step), path, manifest)
         from_ = step
     return _delete.require_complete(root, check_step(from_))
 
 
-def carry(commit: Commit, relpath: str | os.PathLike[str], from_: int | str) -> Method:
-    """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`."""
+def _pin(source: Checkpoint) -> int:
+    """The source's directory, opened (never through a link) and checked to be the one
+    whose manifest was read; the caller closes it."""
+    fd = _fs.open_dir(source.path)
+    try:
+        same = read_marker(source.path) == source.manifest and os.path.samestat(
+            os.lstat(source.path), os.fstat(fd)
+        )
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        os.close(fd)
+        raise StepConflictError(
+            f"{source.path} was replaced or changed while a file was being carried from "
+            "it; nothing was carried: look it up again and retry",
+            path=source.path,
+        )
+    return fd
+
+
+def carry(
+    root: Root, staging: Path, carried: Carried, relpath: str | os.PathLike[str], from_: int | str
+) -> Method:
+    """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`: carry into ``staging`` and
+    record the carried files' entries in ``carried`` (the commit's)."""
     rel = relative(relpath)
-    root = commit._root
     source = source_of(root, from_)
     manifest = source.manifest
     if manifest.legacy:
@@ -95,36 +125,41 @@ def carry(commit: Commit, relpath: str | os.PathLike[str], from_: int | str) -> 
         raise CheckpointNotFoundError(
             f"{source.path} has no file or directory {rel!r} to carry", path=source.path
         )
-    target = commit.path / rel
+    target = staging / rel
     if os.path.lexists(target):
         raise FileExistsError(
             f"{target} already exists in the staging directory: carry a path before "
             "writing anything there, or carry its files one by one"
         )
-    pin = Pinned.of(source, "carried from")
-    made: list[str] = []
+    pin = _pin(source)
+    made: list[tuple[str, tuple[FileEntry, Identity]]] = []
+    same_algorithm = manifest.checksum is not None and manifest.checksum == root.checksum
     try:
-        for parent in reversed(target.relative_to(commit.path).parents[:-1]):
-            if not os.path.lexists(commit.path / parent):
-                _fs.mkdir(commit.path / parent)
-        methods = [_one(commit, source, pin, entry, made) for entry in entries]
+        for parent in reversed(target.relative_to(staging).parents[:-1]):
+            if not os.path.lexists(staging / parent):
+                _fs.mkdir(staging / parent)
+        methods = [_one(staging, source, pin, entry, made) for entry in entries]
     except BaseException:
-        for path in made:
-            commit._carried.pop(path, None)
         with contextlib.suppress(OSError):
             _fs.remove_tree(target)
         raise
     finally:
-        pin.close()
+        os.close(pin)
+    if same_algorithm:  # else the walk hashes them with the root's algorithm
+        carried.update(made)
     files = [m for m in methods if m is not None]
     return max(files, key=_RANK.__getitem__) if files else "copy"
 
 
 def _one(
-    commit: Commit, source: Checkpoint, pin: Pinned, entry: FileEntry, made: list[str]
+    staging: Path,
+    source: Checkpoint,
+    pin: int,
+    entry: FileEntry,
+    made: list[tuple[str, tuple[FileEntry, Identity]]],
 ) -> Method | None:
     """Carry one entry of ``source``; the method for a file, None for anything else."""
-    target = commit.path / entry.path
+    target = staging / entry.path
     if entry.type == "dir":
         _fs.mkdir(target)
         return None
@@ -132,15 +167,13 @@ def _one(
         _fs.symlink(entry.target or "", target)
         return None
     try:
-        method, st = _share.share_file(pin.fd, entry.path, target)
+        method, st = _share.share_file(pin, entry.path, target)
     except OSError as exc:
-        pin.check()  # replaced or deleted meanwhile: say that
         raise _changed(source, entry, f"it cannot be opened as a regular file ({exc})") from exc
-    made.append(entry.path)
     algorithm = source.manifest.checksum
     committed = (
         entry.ino is not None
-        and st.st_dev == os.fstat(pin.fd).st_dev
+        and st.st_dev == os.fstat(pin).st_dev
         and (st.st_ino, st.st_size, st.st_mtime_ns) == (entry.ino, entry.size, entry.mtime_ns)
     )
     now = os.lstat(target)
@@ -153,10 +186,9 @@ def _one(
             os.lstat(target)
         ) != identity(now):
             raise _changed(source, entry, "its checksum differs")
-    if algorithm is not None and algorithm == commit._root.checksum:
-        # The entry, with no identity of its own (the walk records the carrier's).
-        bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
-        commit._carried[entry.path] = (bare, identity(now))
+    # The entry, with no identity of its own (the walk records the carrier's).
+    bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
+    made.append((entry.path, (bare, identity(now))))
     return method
 
 

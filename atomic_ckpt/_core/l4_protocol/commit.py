@@ -28,6 +28,7 @@ from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
 from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l3_formats.tree import Identity, sync_tree
+from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol import stage as _stage
@@ -131,10 +132,8 @@ class Commit:
         it over), never by opening it for writing. ``relpath`` must not exist in the
         staging dir yet. Deleting either checkpoint later never affects the other.
         """
-        from atomic_ckpt._core.l4_protocol import carry as _carry  # it imports amend, begin
-
         self._require_open("carry")
-        return _carry.carry(self, relpath, from_)
+        return _carry.carry(self._root, self.path, self._carried, relpath, from_)
 
     def publish(self, files: list[FileEntry] | None = None) -> Checkpoint:
         """Make the staging directory durable and promote it; return the new checkpoint.
