@@ -290,3 +290,24 @@ def test_share_file_falls_back_in_order(tmp_path: Path) -> None:
     assert how == "copy"
     assert (tmp_path / "b").read_bytes() == FROZEN
     assert _ino(tmp_path / "b") != st.st_ino
+
+
+def test_save_state_over_a_carried_file_never_writes_into_the_source(tmp_path: Path) -> None:
+    """write_state replaces each of its files by a new one: a carried link at its name is
+    unlinked, never written through into the checkpoint it came from."""
+    torch = pytest.importorskip("torch")
+    from atomic_ckpt.torch import MODEL_FILE, STATE_FILE, save_state, write_state
+
+    ckpts = CheckpointDir(tmp_path)
+    model = torch.nn.Linear(4, 4)
+    save_state(ckpts, 1, model=model)
+    before = (ckpts.path_of(1) / MODEL_FILE).read_bytes()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    with ckpts.begin(2) as commit:
+        commit.carry(MODEL_FILE, from_=1)
+        commit.carry(STATE_FILE, from_=1)
+        write_state(commit.path, step=2, model=model)
+    assert (ckpts.path_of(1) / MODEL_FILE).read_bytes() == before
+    ckpts.verify(1)
+    ckpts.verify(2)
