@@ -148,36 +148,52 @@ def _disk(root: Path) -> int:
     return total
 
 
-def run(case: str, method: str, work: Path, scale: float, repeats: int) -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = _draft(scale) if case == "draft" else _adapter(scale)
-    opt = _optimizer(case, model)
-    _train_step(model, opt)
-    ckpts = CheckpointDir(work / f"{case}-{method}")
-    _, prev = _save(
-        method, ckpts, 0, model=model, opt=opt, prev=None
-    )  # carry: the frozen file written
-    times: list[float] = []
-    written: list[int] = []
-    kinds: set[str] = set()
-    disk = 0
-    for step in range(1, 1 + max(repeats, 4)):
+def run(case: str, work: Path, scale: float, repeats: int) -> list[dict[str, Any]]:
+    """The three methods of ``case``, interleaved: each repetition saves once by each, in
+    a rotating order, so that the machine's noise (a shared disk) falls on all alike."""
+    methods = ("full", "carry", "ideal")
+    state: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        torch.manual_seed(0)
+        model = _draft(scale) if case == "draft" else _adapter(scale)
+        opt = _optimizer(case, model)
         _train_step(model, opt)
-        before, t0 = _wchar(), time.perf_counter()
-        how, prev = _save(method, ckpts, step, model=model, opt=opt, prev=prev)
-        kinds.add(how)
-        times.append(time.perf_counter() - t0)
-        written.append(_wchar() - before)
-        if step == 4:
-            disk = _disk(ckpts.root)  # the first checkpoint and 4 saves by this method
-    return {
-        "case": case,
-        "method": method,
-        "median_s": round(statistics.median(times), 4),
-        "bytes_written": int(statistics.median(written)),
-        "disk_bytes": disk,
-        "frozen_file": sorted(kinds),
-    }
+        ckpts = CheckpointDir(work / f"{case}-{method}")
+        _, prev = _save(method, ckpts, 0, model=model, opt=opt, prev=None)  # writes all
+        state[method] = {
+            "model": model,
+            "opt": opt,
+            "ckpts": ckpts,
+            "prev": prev,
+            "times": [],
+            "written": [],
+            "kinds": set(),
+            "disk": 0,
+        }
+    for step in range(1, 1 + max(repeats, 4)):
+        for method in methods[step % 3 :] + methods[: step % 3]:
+            s = state[method]
+            _train_step(s["model"], s["opt"])
+            before, t0 = _wchar(), time.perf_counter()
+            how, s["prev"] = _save(
+                method, s["ckpts"], step, model=s["model"], opt=s["opt"], prev=s["prev"]
+            )
+            s["times"].append(time.perf_counter() - t0)
+            s["written"].append(_wchar() - before)
+            s["kinds"].add(how)
+            if step == 4:  # the first checkpoint and 4 saves by this method
+                s["disk"] = _disk(s["ckpts"].root)
+    return [
+        {
+            "case": case,
+            "method": method,
+            "median_s": round(statistics.median(state[method]["times"]), 4),
+            "bytes_written": int(statistics.median(state[method]["written"])),
+            "disk_bytes": state[method]["disk"],
+            "frozen_file": sorted(state[method]["kinds"]),
+        }
+        for method in methods
+    ]
 
 
 def _md(rows: list[dict[str, Any]], info: dict[str, Any], fs: str) -> str:
@@ -225,8 +241,7 @@ def main() -> None:
         work = Path(tmp)
         fs = filesystem(work)
         for case in ("draft", "adapter"):
-            for method in ("full", "carry", "ideal"):
-                row = run(case, method, work, args.scale, args.repeats)
+            for row in run(case, work, args.scale, args.repeats):
                 log(f"{row}")
                 rows.append(row)
     info = {**machine(), "filesystem": fs}
