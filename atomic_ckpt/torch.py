@@ -13,6 +13,7 @@ Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import operator
@@ -79,8 +80,15 @@ def write_state(
     epoch: int | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write a training state into ``directory`` (typically the path a commit yields)."""
+    """Write a training state into ``directory`` (typically the path a commit yields).
+
+    Each file is a new one: a name already there (a file carried from a committed
+    checkpoint, which shares its storage) is unlinked first, never written through."""
     out = Path(directory)
+    written = (MODEL_FILE, STATE_FILE, *_pickled(optimizer, scheduler))
+    for name in written:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(out / name)
     save_model(model, str(out / MODEL_FILE))
     if optimizer is not None:
         torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)

@@ -180,8 +180,14 @@ def test_checkpoint_is_a_frozen_dataclass(ckpts: CheckpointDir) -> None:
 # ---------------------------------------------------------------- the marker and manifest
 
 
+def _identity(path: Path) -> dict[str, int]:
+    """What a file's entry records of it for a later carry (inode, mtime)."""
+    st = os.lstat(path)
+    return {"ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+
+
 def test_commit_writes_the_marker_with_its_manifest(tmp_path: Path) -> None:
-    """The marker is JSON listing every file (size, crc32), directory and symlink (as a link)."""
+    """The marker is JSON listing every file (size, crc32, identity), directory and symlink."""
     ckpts = CheckpointDir(tmp_path / "ckpts", checksum="crc32")
     model = bytes(range(256)) * 4
     state = b"optimizer state"
@@ -207,12 +213,14 @@ def test_commit_writes_the_marker_with_its_manifest(tmp_path: Path) -> None:
             "path": "model.bin",
             "size": len(model),
             "checksum": f"{zlib.crc32(model):08x}",
+            **_identity(ckpts.path_of(5) / "model.bin"),
         },
         {"path": "opt", "type": "dir"},
         {
             "path": "opt/state.pt",
             "size": len(state),
             "checksum": f"{zlib.crc32(state):08x}",
+            **_identity(ckpts.path_of(5) / "opt/state.pt"),
         },
     ]
     # Nothing but the caller's files and the marker: no temporary marker left behind.
@@ -246,7 +254,8 @@ def test_checksum_none_records_sizes_only(tmp_path: Path) -> None:
     commit_files(ckpts, 1, {"a": b"abc"})
     doc = json.loads((tmp_path / "1" / MARKER).read_bytes())
     assert doc["checksum"] is None
-    assert doc["files"] == [{"path": "a", "size": 3}]  # a file's type is implied
+    # A file's type is implied; its identity (for a later carry) is recorded all the same.
+    assert doc["files"] == [{"path": "a", "size": 3, **_identity(tmp_path / "1" / "a")}]
 
 
 def test_unknown_checksum_is_a_value_error(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 FORMAT = "atomic_ckpt"
@@ -174,6 +174,12 @@ class FileEntry:
     checksum: str | None = None
     target: str | None = None
     """For a symlink: where it points (never followed by the library)."""
+    ino: int | None = field(default=None, compare=False, repr=False)
+    """For a file: its inode number when it was hashed at the commit (None if unknown)."""
+    mtime_ns: int | None = field(default=None, compare=False, repr=False)
+    """For a file: its modification time (ns) when it was hashed at the commit. With
+    :attr:`ino` and :attr:`size`, what tells a carry that the file is still the one whose
+    checksum the manifest records (PROTOCOL.md, carried files); not part of equality."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "type": self.type}
@@ -189,9 +195,12 @@ class FileEntry:
         """The version-2 form: ``type`` left out for a regular file, the commonest entry."""
         if self.type != "file":
             return self.to_json()
-        if self.checksum is None:
-            return {"path": self.path, "size": self.size}
-        return {"path": self.path, "size": self.size, "checksum": self.checksum}
+        out: dict[str, Any] = {"path": self.path, "size": self.size}
+        if self.checksum is not None:
+            out["checksum"] = self.checksum
+        if self.ino is not None and self.mtime_ns is not None:
+            out["ino"], out["mtime_ns"] = self.ino, self.mtime_ns
+        return out
 
 
 # ---------------------------------------------------------------- the manifest

@@ -192,7 +192,15 @@ def _parse_entry(raw: object) -> FileEntry:
         size=size,
         checksum=_opt_str(raw.get("checksum")),
         target=_opt_str(raw.get("target")),
+        ino=_opt_count(raw.get("ino")),
+        mtime_ns=_opt_count(raw.get("mtime_ns")),
     )
+
+
+def _opt_count(value: object) -> int | None:
+    """A non-negative int that fits 64 bits, or None (an identity field is only a hint:
+    one that is not plausible is dropped, and a carry then hashes the file)."""
+    return value if type(value) is int and 0 <= value < 1 << 64 else None
 
 
 _NOT_NORMAL = frozenset({"", ".", ".."})

@@ -15,18 +15,19 @@ manifest is JSON text: its reader refuses such a path).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import posixpath
 import queue
 import stat
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from atomic_ckpt._core.l1_names.errors import ManifestError
+from atomic_ckpt._core.l1_names.errors import ManifestError, VerificationError
 from atomic_ckpt._core.l2_syscalls.checksums import checksum_file
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
 
@@ -44,6 +45,14 @@ WRITEBACK_AT_LEAST = 1 << 20
 range as it hashes it (below, the hash takes microseconds and the fsync follows at once)."""
 
 _T = TypeVar("_T")
+
+Identity = tuple[int, int, int]
+"""A file's (inode, size, mtime in ns): what says it is still the file that was hashed."""
+
+
+def identity(st: os.stat_result) -> Identity:
+    """The :data:`Identity` of a file from its ``lstat``."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def walk(
@@ -110,6 +119,7 @@ def sync_tree(
     skip: Callable[[str], bool] | None = None,
     then: Callable[[list[FileEntry]], None] | None = None,
     mapped: bool = False,
+    known: Mapping[str, tuple[FileEntry, Identity]] | None = None,
 ) -> list[FileEntry]:
     """List every entry under ``top``; fsync its files and subdirectories (not ``top``).
 
@@ -131,15 +141,24 @@ def sync_tree(
     hashed (``policy.start_file``), so the disk writes while the CPU hashes, and it is
     fsynced there too, after ``then``: a one-file commit without subdirectories runs
     on one thread.
+
+    ``known``: files whose entry is already known (carried from a committed checkpoint:
+    relative path -> (entry, the :data:`Identity` it had when carried)). Each is fsynced
+    but not hashed while it still has that identity; one replaced by another file is
+    hashed like any; one with the same inode but another size or time was written in
+    place, through a link shared with a committed checkpoint: VerificationError.
+    Every file's entry records the identity it had before it was hashed.
     """
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
     links: list[FileEntry] = []
+    ids: dict[str, Identity] = {}
     for rel, entry in walk(top, skip):
         st = entry.stat(follow_symlinks=False)
         check_recordable(rel, entry.path, st.st_mode)
         if stat.S_ISREG(st.st_mode):
             files.append((rel, Path(entry.path), st.st_size))
+            ids[rel] = identity(st)
         elif stat.S_ISDIR(st.st_mode):
             dirs.append((rel, Path(entry.path)))
         else:
@@ -153,7 +172,30 @@ def sync_tree(
         workers=workers,
         then=then,
         mapped=mapped,
+        ids=ids,
+        known=_trusted(top, known or {}, ids),
     )
+
+
+def _trusted(
+    top: Path, known: Mapping[str, tuple[FileEntry, Identity]], ids: Mapping[str, Identity]
+) -> dict[str, FileEntry]:
+    """The entries of ``known`` whose file is still the one carried (see :func:`sync_tree`)."""
+    out: dict[str, FileEntry] = {}
+    for rel, (entry, carried) in known.items():
+        now = ids.get(rel)
+        if now == carried:
+            out[rel] = entry
+        elif now is not None and now[0] == carried[0]:
+            raise VerificationError(
+                f"{top / rel} was carried from a committed checkpoint and then written in "
+                "place: it shares its storage with that checkpoint, which is now damaged "
+                "too (run verify() on it). Replace a carried file by writing a new file and "
+                "renaming it over, never by opening it for writing. Nothing was committed",
+                path=top / rel,
+                problems=(f"{rel}: written in place after it was carried",),
+            )
+    return out
 
 
 def _flush(
@@ -166,9 +208,13 @@ def _flush(
     workers: int,
     then: Callable[[list[FileEntry]], None] | None = None,
     mapped: bool = False,
+    ids: Mapping[str, Identity] | None = None,
+    known: Mapping[str, FileEntry] | None = None,
 ) -> list[FileEntry]:
     """fsync and hash ``files`` (relative path, path, size) and fsync ``dirs`` in parallel;
     the manifest entries of all three sorted by path (``then`` as in :func:`sync_tree`).
+    ``ids``: each file's identity before it was hashed, recorded in its entry; ``known``:
+    the entries of files not to hash (carried).
 
     ``mapped``: the files are this process's own, which nobody truncates while they are
     hashed, so they may be hashed through a mapping (see ``checksum_file``)."""
@@ -179,7 +225,12 @@ def _flush(
     # for it: a one-file commit starts no thread at all (a handoff to a thread and back
     # cost more than the thread saved on a 64 MiB commit here).
     largest = files[0] if files else None
+    known = known or {}
+    ids = ids or {}
     hashing, algorithm = (files, checksum) if checksum is not None else ([], "")
+    hashing = [f for f in hashing if f[0] not in known]
+    if hashing and largest is not None and hashing[0] is not largest:
+        largest = None  # the largest is carried: no writeback to overlap with its hash
     with Workers(workers) as pool:
         queued = {
             rel: pool.submit(functools.partial(checksum_file, path, algorithm, mapped=mapped))
@@ -199,17 +250,29 @@ def _flush(
             for rel, path, _ in hashing[:1]
         }
         sums.update((rel, pool.result(job)) for rel, job in queued.items())
-        out = [FileEntry(rel, "file", size=size, checksum=sums.get(rel)) for rel, _, size in files]
+        out = [
+            _entry(rel, size, sums.get(rel), ids.get(rel), known.get(rel)) for rel, _, size in files
+        ]
         out += [FileEntry(rel, "dir") for rel, _ in dirs]
         out += links
         out.sort(key=lambda e: e.path)
         if then is not None:
             then(out)
-        if policy.durable and largest is not None:
-            policy.file(largest[1])
+        if policy.durable and files:
+            policy.file(files[0][1])
         for flush in flushes:
             pool.result(flush)
     return out
+
+
+def _entry(
+    rel: str, size: int, checksum: str | None, ident: Identity | None, known: FileEntry | None
+) -> FileEntry:
+    """A file's manifest entry: the carried one (with the carrier's identity), or a new one."""
+    ino, mtime = (ident[0], ident[2]) if ident is not None else (None, None)
+    if known is not None:
+        return dataclasses.replace(known, ino=ino, mtime_ns=mtime)
+    return FileEntry(rel, "file", size=size, checksum=checksum, ino=ino, mtime_ns=mtime)
 
 
 def list_tree(top: Path, skip: Callable[[str], bool] | None = None) -> list[FileEntry]:
@@ -253,6 +316,7 @@ def sync_files(
     files: list[tuple[str, Path, int]] = []
     dirs: list[tuple[str, Path]] = []
     links: list[FileEntry] = []
+    ids: dict[str, Identity] = {}
     real_top = os.path.realpath(top)
     for rel in sorted(set(paths)):
         path = top / rel
@@ -269,12 +333,20 @@ def sync_files(
         check_recordable(rel, path, st.st_mode)
         if stat.S_ISREG(st.st_mode):
             files.append((rel, path, st.st_size))
+            ids[rel] = identity(st)
         elif stat.S_ISDIR(st.st_mode):
             dirs.append((rel, path))
         else:
             links.append(FileEntry(rel, "symlink", target=os.readlink(path)))
     return _flush(
-        files, dirs, links, policy=policy, checksum=checksum, workers=workers, mapped=mapped
+        files,
+        dirs,
+        links,
+        policy=policy,
+        checksum=checksum,
+        workers=workers,
+        mapped=mapped,
+        ids=ids,
     )
 
 

@@ -16,7 +16,7 @@ import os
 import stat
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -27,7 +27,8 @@ from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
 from atomic_ckpt._core.l3_formats.read import Checkpoint
-from atomic_ckpt._core.l3_formats.tree import sync_tree
+from atomic_ckpt._core.l3_formats.tree import Identity, sync_tree
+from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol import stage as _stage
@@ -95,6 +96,8 @@ class Commit:
         # Holding the staging dir open pins its identity (its inode cannot be reused),
         # so a save that deletes it and makes a new one is always noticed.
         self._fd: int | None = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._carried: dict[str, tuple[FileEntry, Identity]] = {}
+        """Files carried in (see :meth:`carry`): their entries, not hashed again."""
         _register(self)
 
     def __repr__(self) -> str:
@@ -111,6 +114,26 @@ class Commit:
     def state(self) -> State:
         """``open``, ``published`` or ``aborted``."""
         return self._state
+
+    def carry(
+        self, relpath: str | os.PathLike[str], *, from_: int | str
+    ) -> Literal["reflink", "hardlink", "copy"]:
+        """Put the committed file or subtree ``relpath`` (``"tokenizer/"``) of the
+        checkpoint ``from_`` (a step, or a named checkpoint's name) into this commit
+        without writing its data again; return how: ``"reflink"`` (shared extents,
+        btrfs/xfs), ``"hardlink"`` (a shared inode) or ``"copy"`` (for a subtree, the
+        least shared of its files).
+
+        Its manifest entries are reused once the source is known to be the file its
+        manifest describes (same inode, size and modification time as at its commit;
+        otherwise its bytes are hashed and must match), else
+        :class:`~atomic_ckpt.VerificationError` and nothing is carried. A carried file
+        shares storage with its source: replace it by writing a new file (and renaming
+        it over), never by opening it for writing. ``relpath`` must not exist in the
+        staging dir yet. Deleting either checkpoint later never affects the other.
+        """
+        self._require_open("carry")
+        return _carry.carry(self._root, self.path, self._carried, relpath, from_)
 
     def publish(self, files: list[FileEntry] | None = None) -> Checkpoint:
         """Make the staging directory durable and promote it; return the new checkpoint.
@@ -188,6 +211,7 @@ class Commit:
                 skip=is_marker_name,
                 then=write_marker,
                 mapped=True,  # the caller's own files, written before the block ended
+                known=self._carried,
             )
         else:
             write_marker(files)
@@ -388,6 +412,14 @@ def open_commit(root: Root, name: str) -> Commit | None:
         if commit is not None and commit.state == "open" and commit._pid == os.getpid():
             return commit
     return None
+
+
+def carry_all(commit: Commit, carry: Mapping[str, int | str] | None) -> None:
+    """:meth:`Commit.carry` each relative path of ``carry`` from the checkpoint it maps to
+    (the ``carry=`` argument of ``commit()``); how each was carried is logged."""
+    for relpath, source in (carry or {}).items():
+        how = commit.carry(relpath, from_=source)
+        log.info("carried %s from %s into %s (%s)", relpath, source, commit.name, how)
 
 
 @contextlib.contextmanager

@@ -98,20 +98,24 @@ class TrainerOps:
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
         join: bool = False,
+        carry: Mapping[str, int | str] | None = None,
     ) -> Iterator[Path]:
         """Commit a named checkpoint (``root/<name>/``, e.g. ``interrupted``) with the same
         protocol as a step. ``latest()`` and ``steps()`` never count it. ``aliases``,
-        ``replace_aliases`` and ``join`` as for :meth:`~atomic_ckpt.CheckpointDir.commit`."""
+        ``replace_aliases``, ``join`` and ``carry`` as for
+        :meth:`~atomic_ckpt.CheckpointDir.commit`."""
         if join:
             outer = _commit.open_commit(self._root, _named.check_name(self._root, name))
             if outer is not None:
                 with _commit.joined(outer) as path:
+                    _commit.carry_all(outer, carry)
                     yield path
                 return
         handle = self.begin_named(
             name, metadata=metadata, aliases=aliases, replace_aliases=replace_aliases
         )
         try:
+            _commit.carry_all(handle, carry)
             yield handle.path
         except BaseException as exc:
             handle.abort(exc)

@@ -210,6 +210,7 @@ class CheckpointDir(Reading, TrainerOps):
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
         join: bool = False,
+        carry: Mapping[str, int | str] | None = None,
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
 
@@ -231,11 +232,18 @@ class CheckpointDir(Reading, TrainerOps):
         ``publish`` then raises :class:`~atomic_ckpt.CommitStateError`), so a
         half-written part is never published. With no open commit, ``join`` commits
         as usual. (:meth:`staging` answers the same question without committing.)
+
+        ``carry``: files or subtrees of committed checkpoints put into the staging
+        directory before it is yielded, without writing them again: ``{"tokenizer/": 4,
+        "frozen.safetensors": "best"}`` maps each relative path to the step or checkpoint
+        name it comes from (see :meth:`Commit.carry <atomic_ckpt.Commit.carry>`, which
+        also says how each was carried).
         """
         if join:
             outer = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
             if outer is not None:
                 with _commit.joined(outer) as path:
+                    _commit.carry_all(outer, carry)
                     yield path
                 return
         with self.begin(
@@ -245,6 +253,7 @@ class CheckpointDir(Reading, TrainerOps):
             aliases=aliases,
             replace_aliases=replace_aliases,
         ) as handle:
+            _commit.carry_all(handle, carry)
             yield handle.path
 
     def mark_complete(self, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
