@@ -34,7 +34,7 @@ from atomic_ckpt.remote._commit import RemoteCommit
 from atomic_ckpt.remote._entries import RemoteEntry
 from atomic_ckpt.remote._open import open_store
 from atomic_ckpt.remote._protocol import RemoteCheckpoint
-from atomic_ckpt.remote._s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Store
+from atomic_ckpt.remote._s3 import MULTIPART_THRESHOLD, PART_SIZE
 from atomic_ckpt.remote._store import Store
 
 log = logging.getLogger(__name__)
@@ -95,10 +95,9 @@ class RemoteCheckpointDir:
         if part_size < 5 << 20 or multipart_threshold < part_size:
             raise ValueError("part_size must be >= 5 MiB and multipart_threshold >= part_size")
         self._store: Store = open_store(url, dict(storage_options or {}))
-        if isinstance(self._store, S3Store):
-            self._store.part_size = part_size
-            self._store.multipart_threshold = multipart_threshold
-            self._store.concurrency = workers
+        self._store.part_size = part_size
+        self._store.multipart_threshold = multipart_threshold
+        self._store.concurrency = workers
         self._prefix = prefix
         self._checksum = checksum
         self._staging_dir = Path(staging_dir) if staging_dir is not None else None

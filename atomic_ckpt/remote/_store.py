@@ -11,8 +11,10 @@ two conditional writes the commit point rests on:
   :class:`PreconditionFailed` if the key's current ETag is another (or it is gone).
 
 Only the stores talk to an object store: :class:`~._s3.S3Store` (S3 and
-S3-compatible servers through s3fs, checked by :meth:`Store.probe` before the
-first commit) and :class:`~._memory.MemoryStore` (``memory://``, one process).
+S3-compatible servers through s3fs), :class:`~._gcs.GCSStore` (Google Cloud
+Storage: generations), :class:`~._azure.AzureStore` (Azure Blob: ETags), each
+checked by :meth:`Store.probe` before the first commit, and
+:class:`~._memory.MemoryStore` (``memory://``, one process).
 Which stores are trusted is decided once, by :func:`._open.open_store`; any other
 protocol is refused with :class:`UnsupportedStoreError`.
 """
@@ -23,14 +25,17 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from atomic_ckpt._core.l1_names.errors import CheckpointError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class UnsupportedStoreError(CheckpointError, OSError):
@@ -68,6 +73,13 @@ class Upload:
 
 class Store(ABC):
     """One root of an object store, addressed by keys relative to it."""
+
+    part_size = 32 << 20
+    """Bytes per part (block, chunk) of a large file's upload."""
+    multipart_threshold = 64 << 20
+    """Files at least this large are uploaded in parts."""
+    concurrency = 16
+    """Requests in flight at once (uploads, downloads, deletes)."""
 
     def __init__(self, url: str, fs: Any, root: str) -> None:
         self.url = url.rstrip("/")
@@ -173,3 +185,19 @@ def read_range(path: Path, offset: int, size: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def run_parallel(fn: Callable[..., T], items: Iterable[Sequence[Any]], workers: int) -> list[T]:
+    """``[fn(*item) for item in items]``, ``workers`` at a time in threads (for the stores
+    whose clients block); the first failure is raised once the calls begun have ended,
+    and the calls not begun are cancelled."""
+    todo = [tuple(item) for item in items]
+    if len(todo) <= 1 or workers <= 1:
+        return [fn(*item) for item in todo]
+    with ThreadPoolExecutor(min(workers, len(todo))) as pool:
+        futures = [pool.submit(fn, *item) for item in todo]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
