@@ -108,6 +108,10 @@ class GCSStore(Store):
     uploads, downloads and deletes run ``concurrency`` at a time in threads.
     """
 
+    create_condition = "ifGenerationMatch=0"
+    replace_condition = "ifGenerationMatch=<generation>"
+    wrong_etag = "123456789"
+
     def __init__(self, url: str, client: Any, root: str) -> None:
         super().__init__(url, client, root)
         bucket, _, key = self.root.partition("/")

@@ -104,6 +104,13 @@ class Store(ABC):
     def replace(self, key: str, data: bytes, etag: str) -> str:
         """Write ``data`` to ``key`` only if its ETag is ``etag``; return the new ETag."""
 
+    create_condition = "If-None-Match: *"
+    """How this store's create-only write is sent (for messages)."""
+    replace_condition = "If-Match: <etag>"
+    """How this store's compare-and-swap write is sent (for messages)."""
+    wrong_etag = '"0123456789abcdef0123456789abcdef"'
+    """An ETag no object has: the probe's replace conditional on it must fail."""
+
     def probe(self, key: str) -> str | None:
         """Why conditional writes cannot be trusted here, or None if they work.
 
@@ -117,17 +124,22 @@ class Store(ABC):
             except PreconditionFailed:
                 pass
             else:
-                return "a create-only write (If-None-Match: *) overwrote an existing object"
+                return f"a create-only write ({self.create_condition}) overwrote an existing object"
             try:
-                self.replace(key, b"probe 3\n", '"0123456789abcdef0123456789abcdef"')
+                self.replace(key, b"probe 3\n", self.wrong_etag)
             except PreconditionFailed:
                 pass
             else:
-                return "a write conditional on a wrong ETag (If-Match) was accepted"
+                return (
+                    f"a write conditional on a wrong ETag ({self.replace_condition}) was accepted"
+                )
             self.replace(key, b"probe 4\n", etag)
             return None
         except PreconditionFailed:
-            return "a write conditional on the object's own ETag (If-Match) was refused"
+            return (
+                f"a write conditional on the object's own ETag ({self.replace_condition}) "
+                "was refused"
+            )
         finally:
             with contextlib.suppress(OSError):
                 self.delete([key])
