@@ -37,10 +37,10 @@ def rm(args: argparse.Namespace) -> int:
         if step is None:
             raise Failure(f"rm on a URL root takes a step, not {what!r}")
         try:
-            removed = open_remote(args).delete(step)
+            url = open_remote(args).delete(step)
         except CheckpointNotFoundError as exc:
             raise Failure(str(exc), EXIT_NONE) from None
-        print(f"removed step {step}: {removed}")
+        print(f"removed step {step}: {url}")
         return EXIT_OK
     ckpts = _local(args, "rm")
     try:
