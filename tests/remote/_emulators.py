@@ -148,6 +148,18 @@ def start_azurite() -> Emulator:
 Send = Callable[..., requests.Response]
 
 
+def names(request: requests.PreparedRequest, text: str) -> bool:
+    """Whether ``text`` is in the request's URL or, for a GCS multipart upload (the object's
+    name is in its JSON part), in the start of its body."""
+    body = request.body if isinstance(request.body, bytes) else b""
+    return text in str(request.url) or text.encode() in body[:4096]
+
+
+def names_manifest(request: requests.PreparedRequest) -> bool:
+    """Whether the request is about a manifest (``checkpoint_complete``)."""
+    return names(request, "checkpoint_complete")
+
+
 class Hook(requests.adapters.HTTPAdapter):
     """Mounted on a store's requests session, ``around(send, request, *args, **kwargs)``
     sends each request (or does not): the place to count, kill, fail or delay it."""
