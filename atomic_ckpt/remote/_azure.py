@@ -189,8 +189,8 @@ class AzureStore(Store):
     def _denied(self, what: str, err: Any) -> PermissionError:
         return PermissionError(
             f"{self.url}: {what}: access denied ({err.status_code} "
-            f"{getattr(err, 'error_code', '')}): check the credentials (storage_options "
-            "account_key, sas_token, credential or connection_string)"
+            f"{getattr(err.error_code, 'value', err.error_code)}): check the credentials "
+            "(storage_options account_key, sas_token, credential or connection_string)"
         )
 
     # ------------------------------------------------------------ the commit point

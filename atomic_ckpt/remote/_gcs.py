@@ -122,6 +122,9 @@ class GCSStore(Store):
         self.base = key.strip("/")
         self.session: Any = client._http  # the requests.Session every request goes through
         self._bucket_seen = False
+        self.retry: Any = _G["retry"].DEFAULT_RETRY
+        """The client's retry of 429, 5xx and transport errors, used on every request (the
+        conditional writes too: a precondition makes a retried write safe)."""
 
     def _key(self, key: str) -> str:
         return f"{self.base}/{key}" if self.base else key
@@ -166,6 +169,11 @@ class GCSStore(Store):
             raise OSError(f"{self.url}: {what} kept failing: {exc}") from exc
         except _G["auth"].exceptions.TransportError as exc:
             raise OSError(f"{self.url}: {what} failed: {exc}") from exc
+        except _G["auth"].exceptions.GoogleAuthError as exc:  # refreshing them failed
+            raise PermissionError(
+                f"{self.url}: {what}: the credentials were refused ({exc}): check the "
+                "credentials (storage_options token)"
+            ) from exc
         self._bucket_seen = True
         return out
 
@@ -173,7 +181,7 @@ class GCSStore(Store):
         if self._bucket_seen:
             return True
         try:
-            self.bucket.reload(retry=_G["retry"].DEFAULT_RETRY)
+            self.bucket.reload(retry=self.retry)
         except _G["exc"].NotFound:
             return False
         except Exception:
@@ -196,7 +204,7 @@ class GCSStore(Store):
                 content_type="application/octet-stream",
                 if_generation_match=generation,
                 checksum="crc32c",
-                retry=_G["retry"].DEFAULT_RETRY_IF_GENERATION_SPECIFIED,
+                retry=self.retry,
             ),
         )
         return str(blob.generation)
@@ -230,7 +238,7 @@ class GCSStore(Store):
                     content_type="application/octet-stream",
                     checksum="crc32c",
                     # The key is fresh (a new attempt): a retried write is the same bytes.
-                    retry=_G["retry"].DEFAULT_RETRY,
+                    retry=self.retry,
                 ),
             )
         if blob.size != f.size:
@@ -241,7 +249,7 @@ class GCSStore(Store):
         blob = self.bucket.blob(self._key(key))
         data = self._call(
             f"read of {key}",
-            lambda: blob.download_as_bytes(retry=_G["retry"].DEFAULT_RETRY),
+            lambda: blob.download_as_bytes(retry=self.retry),
             missing_ok=True,
         )
         if data is None:
@@ -254,7 +262,7 @@ class GCSStore(Store):
                 self.bucket_name,
                 prefix=self._prefix(prefix),
                 delimiter=delimiter,
-                retry=_G["retry"].DEFAULT_RETRY,
+                retry=self.retry,
             )
             blobs = list(found)
             return blobs, sorted(found.prefixes)
@@ -283,7 +291,7 @@ class GCSStore(Store):
             with open(dest, "xb") as f:  # the client checks the object's CRC32C or MD5
                 self._call(
                     f"download of {key}",
-                    lambda: blob.download_to_file(f, retry=_G["retry"].DEFAULT_RETRY),
+                    lambda: blob.download_to_file(f, retry=self.retry),
                 )
 
         self._pool(one, pairs)
@@ -293,7 +301,7 @@ class GCSStore(Store):
             blob = self.bucket.blob(self._key(key))
             self._call(
                 f"delete of {key}",
-                lambda: blob.delete(retry=_G["retry"].DEFAULT_RETRY),
+                lambda: blob.delete(retry=self.retry),
                 missing_ok=True,
             )
 

@@ -7,6 +7,7 @@ counterpart of the S3 tests' botocore hooks."""
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 
 import requests
 import requests.adapters
+import urllib3
 
 HERE = Path(__file__).resolve().parent
 AZURITE = HERE / "emulators" / "node_modules" / ".bin" / "azurite-blob"
@@ -193,7 +195,7 @@ class HttpFault:
         Hook(self._around).install(store)
 
     def _around(self, send: Send, request: requests.PreparedRequest, *a: Any, **kw: Any) -> Any:
-        hits = (not self.method or request.method == self.method) and self.match in str(request.url)
+        hits = (not self.method or request.method == self.method) and names(request, self.match)
         if not hits or self.fired >= self.times:
             return send(request, *a, **kw)
         self.fired += 1
@@ -202,10 +204,13 @@ class HttpFault:
         if self.what == "timeout-after-send":
             self.seen.append(send(request, *a, **kw).status_code)
             raise requests.ReadTimeout(f"injected: response lost: {request.url}")
+        body = b'{"error": {"code": 500, "message": "injected"}}'
         out = requests.Response()
         out.status_code = 500
-        out._content = b'{"error": {"code": 500, "message": "injected"}}'
         out.headers["Content-Type"] = "application/json"
+        out.raw = urllib3.response.HTTPResponse(  # what Azure's transport reads
+            body=io.BytesIO(body), status=500, headers=out.headers, preload_content=False
+        )
         out.url = str(request.url)
         out.request = request
         out.reason = "Internal Server Error"
