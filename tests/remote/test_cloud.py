@@ -240,7 +240,7 @@ def test_a_request_that_keeps_failing_leaves_the_old_checkpoint(
         old = write_tree(path, 1)
     fault = HttpFault(method, "500", match, times=1000)
     fault.install(rdir._store)
-    with pytest.raises(OSError, match="500|kept failing|failed"), rdir.commit(1) as path:
+    with pytest.raises(OSError, match=r"500|kept failing|failed"), rdir.commit(1) as path:
         write_tree(path, 2)
     assert fault.fired >= 1
     fault.times = 0
