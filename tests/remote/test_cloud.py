@@ -1,7 +1,6 @@
 """gs:// and az:// against their emulators (fake-gcs-server, Azurite), shown the way the S3
 tests show it: the probe refuses a server that ignores preconditions, racing writer
-processes get one winner, a writer SIGKILLed before any request leaves no visible step
-and ``clean`` collects its attempt, a failed request leaves the old checkpoint visible,
+processes get one winner, a failed request leaves the old checkpoint visible,
 missing buckets and bad credentials are clear errors, large files go in parts. Every
 injected fault and kill is asserted to have fired."""
 
