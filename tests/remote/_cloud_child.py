@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -60,14 +61,16 @@ def main() -> int:
         workers=1,  # one request at a time: the Nth request is the same in every run
     )
     count = 0
+    lock = threading.Lock()  # the client makes some requests of its own from other threads
 
     def around(send: Any, request: Any, *a: Any, **kw: Any) -> Any:
         nonlocal count
-        count += 1
-        _say(args.log, f"request {count} {request.method} {request.url}")
-        if count == args.kill_before:
-            _say(args.log, f"KILL before request {count}")
-            os.kill(os.getpid(), signal.SIGKILL)
+        with lock:
+            count += 1
+            _say(args.log, f"request {count} {request.method} {request.url}")
+            if count == args.kill_before:
+                _say(args.log, f"KILL before request {count}")
+                os.kill(os.getpid(), signal.SIGKILL)
         response = send(request, *a, **kw)
         if (
             args.kill_after_manifest

@@ -1,6 +1,7 @@
 """gs:// and az:// against their emulators (fake-gcs-server, Azurite), shown the way the S3
 tests show it: the probe refuses a server that ignores preconditions, racing writer
-processes get one winner, a failed request leaves the old checkpoint visible,
+processes get one winner, a writer SIGKILLed before any request leaves no visible step
+and ``clean`` collects its attempt, a failed request leaves the old checkpoint visible,
 missing buckets and bad credentials are clear errors, large files go in parts. Every
 injected fault and kill is asserted to have fired."""
 
@@ -328,3 +329,43 @@ def test_racing_writer_processes_get_one_winner(
     expected = write_tree(tmp_path / "expected", winners[0], big=BIG)
     assert _fetch(rdir, 5, tmp_path) == expected
     assert all("another writer" in o["error"] for o in outcomes.values() if "error" in o)
+
+
+def test_a_writer_killed_before_any_request_leaves_no_visible_step(
+    emulator: Emulator, cloud_url: str, tmp_path: Path
+) -> None:
+    """A child committing step 2 SIGKILLed before each of its requests in turn (the probe,
+    reading the manifest, each upload and each part of the large file, the listing, the
+    manifest write), and right after the manifest write: step 2 is visible only once its
+    manifest was written, then bit-exact; step 1 is intact every time; clean(grace=0) then
+    leaves only committed objects and no staged blocks."""
+    rdir = _open(emulator, cloud_url, tmp_path)
+    with rdir.commit(1) as path:
+        old = write_tree(path, 1)
+    counting = _child(emulator, cloud_url + "-count", 2, 2, tmp_path)
+    out, err = counting.communicate(timeout=300)
+    assert counting.returncode == 0, err[-2000:]
+    total = json.loads(out)["requests"]
+    assert total >= 12
+    new = write_tree(tmp_path / "expected", 2, big=BIG)
+    points = [["--kill-before", str(n)] for n in range(1, total + 1)]
+    points.append(["--kill-after-manifest"])
+    for kill in points:
+        log = tmp_path / "kill.log"
+        log.unlink(missing_ok=True)
+        proc = _child(emulator, cloud_url, 2, 2, tmp_path, "--log", str(log), *kill)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == -9, (kill, err[-2000:])
+        lines = log.read_text().splitlines()
+        assert lines[-1].startswith("KILL"), lines[-3:]
+        wrote_manifest = kill == ["--kill-after-manifest"]
+        assert rdir.steps() == ([1, 2] if wrote_manifest else [1]), kill
+        assert _fetch(rdir, 1, tmp_path) == old
+        if wrote_manifest:
+            assert _fetch(rdir, 2, tmp_path) == new
+    rdir.clean(grace=0)
+    referenced = {f"{c.step}/{c.attempt}/" for c in rdir.checkpoints()}
+    for key in rdir._store.find(""):
+        assert key.endswith("/checkpoint_complete") or key[: key.index("/", 2) + 1] in referenced
+    assert rdir._store.live_uploads("") == {}
+    assert {e.status for e in rdir.entries()} == {"complete"}
