@@ -150,3 +150,19 @@ def cloud_remote(emulator: Emulator, cloud_url: str, tmp_path: Path) -> RemoteCh
         part_size=SMALL_PART,
         multipart_threshold=2 * SMALL_PART,
     )
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
+def any_remote(request: pytest.FixtureRequest, tmp_path: Path) -> RemoteCheckpointDir:
+    """A fresh root on S3 (moto), GCS (fake-gcs-server) and Azure (Azurite) in turn."""
+    if request.param == "s3":
+        remote: RemoteCheckpointDir = request.getfixturevalue("remote")
+        return remote
+    server: Emulator = request.getfixturevalue(f"{request.param}_server")
+    return RemoteCheckpointDir(
+        f"{request.param}://{server.new_bucket()}/run",
+        storage_options=server.options(),
+        staging_dir=tmp_path / "staging",
+        part_size=SMALL_PART,
+        multipart_threshold=2 * SMALL_PART,
+    )
