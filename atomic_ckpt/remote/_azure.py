@@ -18,7 +18,7 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from atomic_ckpt.remote._store import (
     NoSuchBucketError,
@@ -29,8 +29,6 @@ from atomic_ckpt.remote._store import (
     read_range,
     run_parallel,
 )
-
-T = TypeVar("T")
 
 # The Azure client's types are partial: imported as modules of type Any, so that
 # mypy --strict needs no override for them.

@@ -56,12 +56,17 @@ def _check_step(raw: SupportsIndex) -> int:
 
 
 class RemoteCheckpointDir:
-    """Checkpoints in an object store (``s3://bucket/prefix``, ``memory://name``), one
-    folder per step, committed atomically with a conditional write.
+    """Checkpoints in an object store (``s3://bucket/prefix``, ``gs://bucket/prefix``,
+    ``az://container/prefix``, ``memory://name``), one folder per step, committed
+    atomically with a conditional write.
 
-    ``storage_options`` go to fsspec unchanged (for S3, s3fs's ``key``, ``secret``,
+    ``storage_options`` go to fsspec unchanged for S3 (s3fs's ``key``, ``secret``,
     ``endpoint_url``, ``client_kwargs``, ...; the usual AWS environment variables
-    work). ``prefix`` names step folders as ``CheckpointDir``'s does. ``checksum``
+    work); for ``gs://`` they are gcsfs's ``endpoint_url``, ``token`` (``"anon"`` too)
+    and ``project``; for ``az://`` adlfs's ``connection_string``, or ``account_name``
+    with ``account_key``, ``sas_token`` or ``credential``
+    (docs/guides/object-storage.md). ``prefix`` names step folders as
+    ``CheckpointDir``'s does. ``checksum``
     is the algorithm recorded per file in the manifest (checked by ``fetch`` and
     ``verify``). ``staging_dir`` is the local directory that commits stage in
     (default: the system's temporary directory); it must hold one checkpoint.
@@ -125,7 +130,9 @@ class RemoteCheckpointDir:
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem underneath (e.g. ``fs.s3``, s3fs's client)."""
+        """The client underneath: s3fs's filesystem for ``s3://`` (``fs.s3`` is its client),
+        the ``google.cloud.storage.Client`` for ``gs://``, the ``BlobServiceClient`` for
+        ``az://``."""
         return self._store.fs
 
     def url_of(self, step: SupportsIndex) -> str:
