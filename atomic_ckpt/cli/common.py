@@ -62,7 +62,7 @@ def open_remote(args: argparse.Namespace) -> RemoteCheckpointDir:
         raise Failure(
             f"{args.root}: not a store atomic_ckpt commits to (it needs create-only and "
             "compare-and-swap writes): ROOT is a local directory (a mounted filesystem "
-            "too), s3://bucket/prefix or memory://name"
+            "too), s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or memory://name"
         ) from None
 
 

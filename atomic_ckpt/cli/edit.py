@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, StepConflictError, parse_step
-from atomic_ckpt.cli.common import EXIT_NONE, EXIT_OK, Failure, is_url
+from atomic_ckpt.cli.common import EXIT_NONE, EXIT_OK, Failure, is_url, open_remote
 
 
 def _local(args: argparse.Namespace, command: str) -> CheckpointDir:
@@ -29,9 +29,20 @@ def promote(args: argparse.Namespace) -> int:
 
 
 def rm(args: argparse.Namespace) -> int:
-    """``atomic-ckpt rm ROOT STEP|NAME [--force]``: exit 1 if there is no such checkpoint."""
-    ckpts = _local(args, "rm")
+    """``atomic-ckpt rm ROOT STEP|NAME [--force]``: exit 1 if there is no such checkpoint.
+    On a URL root, STEP only: the manifest goes first (the step disappears at once)."""
     what = args.target
+    if is_url(args.root):
+        step = parse_step(what, args.prefix)
+        if step is None:
+            raise Failure(f"rm on a URL root takes a step, not {what!r}")
+        try:
+            url = open_remote(args).delete(step)
+        except CheckpointNotFoundError as exc:
+            raise Failure(str(exc), EXIT_NONE) from None
+        print(f"removed step {step}: {url}")
+        return EXIT_OK
+    ckpts = _local(args, "rm")
     try:
         removed = ckpts.delete(what, force=args.force)
     except CheckpointNotFoundError as exc:

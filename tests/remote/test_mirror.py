@@ -1,5 +1,6 @@
-"""Background uploads on S3 (moto over HTTP): Mirror (commit locally, mirror behind) and
-AsyncRemoteCommitter (stage and commit to the store in a background thread)."""
+"""Background uploads on S3 (moto over HTTP; some on GCS and Azure too): Mirror (commit
+locally, mirror behind) and AsyncRemoteCommitter (stage and commit to the store in a
+background thread)."""
 
 from __future__ import annotations
 
@@ -47,20 +48,20 @@ def test_mirror_blocks_only_for_the_local_commit(
 
 
 def test_mirror_survives_local_pruning_and_keeps_the_newest(
-    remote: RemoteCheckpointDir, tmp_path: Path
+    any_remote: RemoteCheckpointDir, tmp_path: Path
 ) -> None:
     """Local retention may delete a checkpoint while it is queued or uploading: the mirror
     uploads its snapshot (hard links). After close() the remote holds the newest step."""
     local = CheckpointDir(tmp_path / "local")
-    with Mirror(local, remote) as mirror:
+    with Mirror(local, any_remote) as mirror:
         for step in range(1, 5):
             with mirror.commit(step) as path:
                 expected = write_tree(path, step)
             local.prune(keep_last=1)
     assert local.steps() == [4]
-    assert remote.latest() is not None
-    assert remote.steps()[-1] == 4
-    assert read_tree(remote.fetch(4, tmp_path / "got").path) == expected
+    assert any_remote.latest() is not None
+    assert any_remote.steps()[-1] == 4
+    assert read_tree(any_remote.fetch(4, tmp_path / "got").path) == expected
     with pytest.raises(CommitterClosedError):
         mirror.mirror(4)
 
@@ -92,25 +93,25 @@ def test_mirror_failure_surfaces_on_the_next_call(
     assert remote.steps() == []
 
 
-def test_async_remote_committer(remote: RemoteCheckpointDir, tmp_path: Path) -> None:
+def test_async_remote_committer(any_remote: RemoteCheckpointDir, tmp_path: Path) -> None:
     """AsyncRemoteCommitter commits save functions to the store in the background; a
     failure is raised by the next call."""
-    with AsyncRemoteCommitter(remote) as saver:
+    with AsyncRemoteCommitter(any_remote) as saver:
         saver.save(1, functools.partial(write_tree, seed=1))
         saver.save(2, functools.partial(write_tree, seed=2))
-    assert remote.steps() == [1, 2]
+    assert any_remote.steps() == [1, 2]
     expected = write_tree(tmp_path / "expected", 2)
-    assert read_tree(remote.fetch(2, tmp_path / "got").path) == expected
+    assert read_tree(any_remote.fetch(2, tmp_path / "got").path) == expected
 
     def broken(path: Path) -> None:
         raise RuntimeError("save failed")
 
-    saver = AsyncRemoteCommitter(remote)
+    saver = AsyncRemoteCommitter(any_remote)
     saver.save(3, broken)
     with pytest.raises(RuntimeError, match="save failed"):
         saver.save(4, functools.partial(write_tree, seed=4))
     saver.close()
-    assert remote.steps() == [1, 2]
+    assert any_remote.steps() == [1, 2]
 
 
 # ---------------------------------------------------------------- interpreter exit

