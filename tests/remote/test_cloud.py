@@ -331,6 +331,7 @@ def test_racing_writer_processes_get_one_winner(
     assert all("another writer" in o["error"] for o in outcomes.values() if "error" in o)
 
 
+@pytest.mark.slow  # the slow tier, like the S3 kill tests (docs/contributing.md)
 def test_a_writer_killed_before_any_request_leaves_no_visible_step(
     emulator: Emulator, cloud_url: str, tmp_path: Path
 ) -> None:
