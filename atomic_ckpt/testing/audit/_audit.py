@@ -31,6 +31,11 @@ from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
+POWER_SAMPLING = (
+    "power: each unsynced write's fate is its own (one-file deviations built in full, "
+    "then 16 random mixes per crash point drawn with seed {seed}; other mixes unchecked)"
+)
+
 _CONTEXT = 4
 
 
@@ -113,7 +118,9 @@ def audit(
             mismatches = refused + _compare(final, path, recorder.unseen)
             if mismatches:
                 raise CannotRebuild(os.fspath(root), mismatches)
-            states, distinct = _plan(model, models)
+            states, distinct = _plan(model, models, seed)
+            if "power" in models:  # issue 29.1: say how the power fates were sampled
+                notes.append(POWER_SAMPLING.format(seed=seed))
             chosen = list(range(len(states)))
             sampled = None
             if max_states is not None and len(states) > max_states:
@@ -212,7 +219,9 @@ def _compare(final: _Flat, root: Path, unseen: Mapping[str, str]) -> list[tuple[
     return out
 
 
-def _plan(model: _CrashModel, models: Sequence[str]) -> tuple[list[_State], dict[str, int]]:
+def _plan(
+    model: _CrashModel, models: Sequence[str], seed: int = 0
+) -> tuple[list[_State], dict[str, int]]:
     """Every distinct crash state of ``models``, in crash-point order, each once."""
     digests: dict[int, tuple[bytes, bytes]] = {}
 
@@ -228,7 +237,7 @@ def _plan(model: _CrashModel, models: Sequence[str]) -> tuple[list[_State], dict
     index: dict[bytes, int] = {}
     states: list[_State] = []
     per_model: dict[str, set[int]] = {m: set() for m in models}
-    for c in model.candidates(models):
+    for c in model.candidates(models, seed=seed):
         flat = model._build(c.persisted, c.fates)
         key = digest(flat)
         i = index.get(key)
