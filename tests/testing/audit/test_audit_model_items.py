@@ -15,6 +15,8 @@ from atomic_ckpt.testing.audit._strace import Call
 from atomic_ckpt.testing.audit._syscalls import IGNORED, MODELLED, TABLE, TRACED, guide_table
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
+pytestmark = needs_strace
+
 GUIDE = Path(__file__).parents[3] / "docs" / "guides" / "audit.md"
 
 
