@@ -1,0 +1,2 @@
+# Exit non-zero when the state at argv[1] is unusable.
+import sys
