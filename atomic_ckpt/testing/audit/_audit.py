@@ -26,7 +26,7 @@ from atomic_ckpt.testing.audit._checks import (
     tail,
 )
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
-from atomic_ckpt.testing.audit._materialize import Materializer, remove, set_aside
+from atomic_ckpt.testing.audit._materialize import Materializer, hard_linked, remove, set_aside
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
 from atomic_ckpt.testing.audit._trace import TraceRecorder
@@ -99,6 +99,11 @@ def audit(
             if original is not None:
                 if not original.is_dir() or original.is_symlink():
                     raise AuditError(f"{path} is not a directory")
+                linked = hard_linked(original)  # issue 29.6/29.12: a copy would split them
+                if linked:
+                    raise CannotRebuild(
+                        os.fspath(root), [(p, "hard-linked (more than one name)") for p in linked]
+                    )
                 shutil.copytree(original, path, symlinks=True)
             began = time.monotonic()
             recorder = TraceRecorder(path)

@@ -24,6 +24,18 @@ def _key(st: os.stat_result) -> _Key:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def hard_linked(tree: Path) -> list[str]:
+    """Files under ``tree`` with more than one name (issue 29.6, 29.12): a copy would
+    split them, and a name outside the tree would change them unseen; the audit refuses."""
+    found: list[str] = []
+    for folder, _, files in os.walk(tree):
+        for name in files:
+            st = os.lstat(os.path.join(folder, name))
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                found.append(os.path.relpath(os.path.join(folder, name), tree))
+    return sorted(found)
+
+
 class Materializer:
     """Shows crash states at ``target``, one at a time, incrementally.
 

@@ -244,3 +244,68 @@ def test_a_copy_from_outside_is_modelled(tmp_path: Path) -> None:
     is broken under power."""
     report = run(tmp_path, COPY_IN, whole(b"v" * 5000, "vocab.txt"), models=["power"])
     assert not report.ok  # type: ignore[attr-defined]
+
+
+ROOT_RENAMED = """\
+# 29.7: the audited directory itself renamed away and made again.
+import os, sys
+root = sys.argv[1]; os.makedirs(root)
+open(os.path.join(root, "weights.bin"), "w").close()
+os.rename(root, root + ".old"); os.makedirs(root)
+"""
+
+LINK_OUT = """\
+# 29.12: a file of the tree hard-linked to a name outside it (then rewritten through it).
+import os, sys
+root = sys.argv[1]; os.makedirs(root)
+with open(os.path.join(root, "weights.bin"), "wb") as f: f.write(b"w" * 100)
+os.link(os.path.join(root, "weights.bin"), root + ".alias")
+with open(root + ".alias", "r+b") as f: f.write(b"X")
+"""
+
+SYMLINK_OUT = """\
+# 29.5: a content-store layout: the root's file is a symlink to a blob outside it.
+import os, sys
+root = sys.argv[1]; os.makedirs(root)
+blobs = os.path.join(os.path.dirname(root), "blobs"); os.makedirs(blobs)
+with open(os.path.join(blobs, "abc"), "wb") as f: f.write(b"w" * 100)
+os.symlink("../blobs/abc", os.path.join(root, "model.bin"))
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (ROOT_RENAMED, "the audited directory itself"),
+        (LINK_OUT, "hard-linked to a name outside"),
+        (SYMLINK_OUT, "a symlink out of the audited tree"),
+    ],
+    ids=["29.7-root-renamed", "29.12-link-out", "29.5-symlink-out"],
+)
+def test_what_leaves_the_tree_is_refused(tmp_path: Path, text: str, said: str) -> None:
+    """29.7, 29.12, 29.5: the root renamed away, a second name outside, a link out:
+    refused (exit 2) rather than judged on a tree the model does not hold."""
+    with pytest.raises(CannotRebuild, match=re.escape(said)):
+        run(tmp_path, text, lambda p: True)
+
+
+def test_hard_links_in_the_existing_tree_are_refused(tmp_path: Path) -> None:
+    """29.6: a copy would split the user's hard-linked files, so a different tree would be
+    audited: refused (and the original is left as it was)."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (root / "a.bin").write_bytes(b"a")
+    (root / "b.bin").hardlink_to(root / "a.bin")
+    with pytest.raises(CannotRebuild, match="hard-linked"):
+        run(tmp_path, "open('/dev/null')\n", lambda p: True)
+    assert (root / "a.bin").stat().st_nlink == 2
+
+
+def test_a_symlink_out_already_in_the_tree_is_refused(tmp_path: Path) -> None:
+    """29.5: a link out found in the existing tree: every state would show its live target."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (tmp_path / "blob").write_bytes(b"b")
+    (root / "model.bin").symlink_to("../blob")
+    with pytest.raises(CannotRebuild, match="symlink out"):
+        run(tmp_path, "open('/dev/null')\n", lambda p: True)

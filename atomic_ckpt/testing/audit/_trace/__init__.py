@@ -42,6 +42,7 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
         """Replay ``calls`` (completed system calls, in completion order) on the model."""
         self._inode_names: dict[int, str] = {}
         self._name_tree(_UNIVERSE, "")
+        self._outside_links()
         for call in calls:
             how, why = TABLE.get(call.name, ("", "not in the audit's allow-list"))
             if how not in (MODELLED, IGNORED):

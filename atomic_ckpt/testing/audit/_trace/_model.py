@@ -80,6 +80,20 @@ class _Replay(_Mirror):
         if kind == "data":
             self.dirty.add(inode)
 
+    def _outside_links(self) -> None:
+        """A symlink already in the tree that leads out of it is refused: every crash state
+        would show the live target, whatever the workload did to it."""
+        for inode, rel in self._inode_names.items():
+            node = self.inodes[inode]
+            if node.kind != "symlink":
+                continue
+            target = os.fsdecode(node.data)
+            parent = os.path.dirname(os.path.join(self.root_real, rel))
+            if self._rel(os.path.join(parent, target)) is None:
+                self.refusals.append(
+                    (rel, f"cannot rebuild: {rel} is a symlink out of the audited tree -> {target}")
+                )
+
     def _cwd(self, tid: int) -> list[str]:
         return self.cwd.setdefault(tid, [self._start_cwd])
 
