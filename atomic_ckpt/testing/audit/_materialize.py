@@ -103,11 +103,12 @@ class Materializer:
                 continue
             if kind == "dir":
                 shutil.rmtree(full)
-                for gone in [p for p in self._shown if p == path or p.startswith(path + "/")]:
-                    del self._shown[gone]
             else:
                 os.unlink(full)
-                self._shown.pop(path, None)
+            # what this object showed at or below ``path`` is gone (a directory a check
+            # turned into a file took its files with it: issue 29.13)
+            for gone in [p for p in self._shown if p == path or p.startswith(path + "/")]:
+                del self._shown[gone]
         # a name this object showed that is no longer on disk must be recreated
         for path in [p for p in self._shown if p.startswith(rel) and "/" not in p[len(rel) :]]:
             if not os.path.lexists(self.target / path):

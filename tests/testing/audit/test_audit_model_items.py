@@ -4,6 +4,7 @@ audit refuses it (exit 2), never called clean; and the allow-list is one table."
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from _audit_scripts import needs_strace, script
 
 from atomic_ckpt.testing import audit
 from atomic_ckpt.testing.audit import CannotRebuild
+from atomic_ckpt.testing.audit._materialize import Materializer
 from atomic_ckpt.testing.audit._strace import Call
 from atomic_ckpt.testing.audit._syscalls import IGNORED, MODELLED, TABLE, TRACED, guide_table
 from atomic_ckpt.testing.audit._trace import TraceRecorder
@@ -309,3 +311,15 @@ def test_a_symlink_out_already_in_the_tree_is_refused(tmp_path: Path) -> None:
     (root / "model.bin").symlink_to("../blob")
     with pytest.raises(CannotRebuild, match="symlink out"):
         run(tmp_path, "open('/dev/null')\n", lambda p: True)
+
+
+def test_a_directory_a_check_turned_into_a_file_is_shown_whole_again(tmp_path: Path) -> None:
+    """29.13: after a check replaces a directory by a file, the next state shows the
+    directory with its files again (not empty)."""
+    shown = Materializer(tmp_path / "root")
+    state = (("d", "dir", b""), ("d/x", "file", b"x"))
+    shown.show(state)
+    shutil.rmtree(tmp_path / "root" / "d")
+    (tmp_path / "root" / "d").write_bytes(b"a file now")
+    shown.show(state)
+    assert (tmp_path / "root" / "d" / "x").read_bytes() == b"x"
