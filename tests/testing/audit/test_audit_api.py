@@ -78,7 +78,8 @@ def test_identical_states_are_checked_once(tmp_path: Path) -> None:
     report = audit([*script(tmp_path, "naive.py", NAIVE), str(root)], check, root=root)
     assert len(os.listdir(counter)) == report.checked
     assert report.checked < sum(report.states.values())
-    assert report.checked <= report.boundaries["kill"] * 5
+    # power gives each unsynced write its own fate (issue 29.1): more states than before
+    assert report.checked <= report.boundaries["kill"] * 25
 
 
 def test_max_states_samples_reproducibly_and_says_so(tmp_path: Path) -> None:
