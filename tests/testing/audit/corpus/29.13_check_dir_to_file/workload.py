@@ -1,5 +1,6 @@
 # d/x put in place by a rename, then rewritten in place (O_TRUNC): a kill leaves it short.
 import os
+
 os.makedirs("ckpts/d")
 with open("ckpts/tmp", "wb") as f:
     f.write(b"x" * 100)
