@@ -141,7 +141,7 @@ class _CrashModel:
                 elif model == "kill":
                     yield from self._kill(k)
                 else:
-                    yield from self._power(k, covered, loose)
+                    yield from self._power(k, covered, loose, rng, samples)
 
     def _kill(self, k: int) -> Iterator[_Candidate]:
         """A process crash: the page cache survives, so every completed operation is
@@ -152,25 +152,57 @@ class _CrashModel:
             yield _Candidate(k, "kill", done, {k - 1: "torn"}, "process killed mid-write")
 
     def _power(
-        self, k: int, covered: frozenset[int], loose: tuple[int, ...]
+        self,
+        k: int,
+        covered: frozenset[int],
+        loose: tuple[int, ...],
+        rng: random.Random,
+        samples: int,
     ) -> Iterator[_Candidate]:
-        """A power loss: ``strict`` (names lost unless their directory was fsynced), and
-        the ext4 ``data=ordered`` window: names as at the crash, unsynced data empty (or
-        its last durable contents), zero-filled at full length, or torn."""
+        """A power loss: ``strict`` (only what was fsynced), then the names the journal
+        kept (as in ``ext4``: every one before the last fsync, a prefix of the rest) with
+        each unsynced write's own fate (lost: empty or its last durable contents, kept,
+        zero-filled, torn), independent of the others': every write sharing one fate,
+        every write but one kept (the one lost, zeroed or torn), one kept and the rest
+        lost, and ``samples`` random mixes drawn from ``rng`` (the audit's seed)."""
         yield _Candidate(k, "power", covered, {}, "power loss: only what was fsynced survives")
-        names = {i for i in loose if self.ops[i].kind == "entry"}
+        last_sync = max((op.index for op in self.ops[:k] if op.kind == "sync"), default=-1)
+        journaled = {i for i in loose if self.ops[i].kind == "entry" and i < last_sync}
+        tail = [i for i in loose if self.ops[i].kind == "entry" and i > last_sync]
         unsynced = [i for i in loose if self.ops[i].kind == "data"]
-        wording = {"lost": "empty or last fsynced", "zero": "zero-filled", "torn": "torn"}
-        fates: tuple[DataFate, ...] = ("lost", "zero", "torn")
-        for fate in fates if unsynced else ("lost",):
-            persisted = covered | names | ({i for i in unsynced} if fate != "lost" else set())
-            yield _Candidate(
-                k,
-                "power",
-                frozenset(persisted),
-                dict.fromkeys(unsynced, fate),
-                f"power loss, names kept as at the crash, unsynced data {wording[fate]}",
+        fates: tuple[DataFate, ...] = ("lost", "kept", "zero", "torn")
+        for j in range(len(tail) + 1):
+            meta = covered | journaled | set(tail[:j])
+            names = (
+                "names kept as at the crash"
+                if j == len(tail)
+                else f"names lost from #{tail[j] + 1}"
             )
+            mixes: list[tuple[dict[int, DataFate], str]] = [
+                (dict.fromkeys(unsynced, f), f"unsynced data all {f}") for f in fates
+            ]
+            if j == len(tail) and len(unsynced) > 1:  # one file's fate against the rest's
+                for i in unsynced:
+                    mixes.append(
+                        (
+                            {**dict.fromkeys(unsynced, "lost"), i: "kept"},
+                            f"only #{i + 1}'s data kept",
+                        )
+                    )
+                    for f in ("lost", "zero", "torn"):
+                        mixes.append(
+                            (
+                                {**dict.fromkeys(unsynced, "kept"), i: f},
+                                f"#{i + 1}'s data {f}, the rest kept",
+                            )
+                        )
+            if len(unsynced) > 1:
+                for _ in range(samples if j == len(tail) else max(1, samples // 4)):
+                    mix: dict[int, DataFate] = {i: rng.choice(fates) for i in unsynced}
+                    mixes.append((mix, "unsynced data fates mixed at random"))
+            for mix, said in mixes:
+                persisted = frozenset(meta | {i for i in unsynced if mix[i] != "lost"})
+                yield _Candidate(k, "power", persisted, mix, f"power loss, {names}, {said}")
 
     def _ext4(
         self,

@@ -27,10 +27,21 @@ from atomic_ckpt.testing.audit._checks import (
     tail,
 )
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
-from atomic_ckpt.testing.audit._materialize import Materializer, private_dir, remove, set_aside
+from atomic_ckpt.testing.audit._materialize import (
+    Materializer,
+    hard_linked,
+    private_dir,
+    remove,
+    set_aside,
+)
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
 from atomic_ckpt.testing.audit._trace import TraceRecorder
+
+POWER_SAMPLING = (
+    "power: each unsynced write's fate is its own (one-file deviations built in full, "
+    "then 16 random mixes per crash point drawn with seed {seed}; other mixes unchecked)"
+)
 
 _CONTEXT = 4
 
@@ -101,6 +112,11 @@ def audit(
             if original is not None:
                 if not original.is_dir() or original.is_symlink():
                     raise AuditError(f"{path} is not a directory")
+                linked = hard_linked(original)  # issue 29.6/29.12: a copy would split them
+                if linked:
+                    raise CannotRebuild(
+                        os.fspath(root), [(p, "hard-linked (more than one name)") for p in linked]
+                    )
                 shutil.copytree(original, path, symlinks=True)
             began = time.monotonic()
             with _judging(path):
@@ -116,8 +132,10 @@ def audit(
             timings["record"] = time.monotonic() - began
             began = time.monotonic()
             with _judging(path):
-                model, states, distinct = _replay(recorder, path, scratch / "trace", models)
+                model, states, distinct = _replay(recorder, path, scratch / "trace", models, seed)
             (scratch / "trace").unlink()
+            if "power" in models:  # issue 29.1: say how the power fates were sampled
+                notes.append(POWER_SAMPLING.format(seed=seed))
             chosen = list(range(len(states)))
             sampled = None
             if max_states is not None and len(states) > max_states:
@@ -175,7 +193,7 @@ def audit(
 
 
 def _replay(
-    recorder: TraceRecorder, path: Path, trace: Path, models: Sequence[str]
+    recorder: TraceRecorder, path: Path, trace: Path, models: Sequence[str], seed: int
 ) -> tuple[_CrashModel, list[_State], dict[str, int]]:
     """Replay the recording; refuse (:class:`AuditError`) when it does not rebuild the
     tree the workload left or holds no operation under ``path``."""
@@ -192,7 +210,7 @@ def _replay(
             f"there (is --root the directory it writes? a relative root is taken from the "
             f"workload's working directory); nothing was judged"
         )
-    states, distinct = _plan(model, models)
+    states, distinct = _plan(model, models, seed)
     return model, states, distinct
 
 
@@ -263,7 +281,9 @@ def _compare(final: _Flat, root: Path, unseen: Mapping[str, str]) -> list[tuple[
     return out
 
 
-def _plan(model: _CrashModel, models: Sequence[str]) -> tuple[list[_State], dict[str, int]]:
+def _plan(
+    model: _CrashModel, models: Sequence[str], seed: int = 0
+) -> tuple[list[_State], dict[str, int]]:
     """Every distinct crash state of ``models``, in crash-point order, each once."""
     digests: dict[int, tuple[bytes, bytes]] = {}
 
@@ -279,7 +299,7 @@ def _plan(model: _CrashModel, models: Sequence[str]) -> tuple[list[_State], dict
     index: dict[bytes, int] = {}
     states: list[_State] = []
     per_model: dict[str, set[int]] = {m: set() for m in models}
-    for c in model.candidates(models):
+    for c in model.candidates(models, seed=seed):
         flat = model._build(c.persisted, c.fates)
         key = digest(flat)
         i = index.get(key)

@@ -49,6 +49,18 @@ def _open_root(target: Path) -> int:
     return os.open(target, _DIR)
 
 
+def hard_linked(tree: Path) -> list[str]:
+    """Files under ``tree`` with more than one name (issue 29.6, 29.12): a copy would
+    split them, and a name outside the tree would change them unseen; the audit refuses."""
+    found: list[str] = []
+    for folder, _, files in os.walk(tree):
+        for name in files:
+            st = os.lstat(os.path.join(folder, name))
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                found.append(os.path.relpath(os.path.join(folder, name), tree))
+    return sorted(found)
+
+
 class Materializer:
     """Shows crash states at ``target``, one at a time, incrementally.
 
@@ -130,11 +142,12 @@ class Materializer:
                 continue
             if kind == "dir":
                 shutil.rmtree(name, dir_fd=fd)
-                for gone in [p for p in self._shown if p == path or p.startswith(path + "/")]:
-                    del self._shown[gone]
             else:
                 os.unlink(name, dir_fd=fd)
-                self._shown.pop(path, None)
+            # what this object showed at or below ``path`` is gone (a directory a check
+            # turned into a file took its files with it: issue 29.13)
+            for gone in [p for p in self._shown if p == path or p.startswith(path + "/")]:
+                del self._shown[gone]
         # a name this object showed that is no longer on disk must be recreated
         for path in [p for p in self._shown if p.startswith(rel) and "/" not in p[len(rel) :]]:
             try:

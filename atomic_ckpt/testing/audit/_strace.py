@@ -17,20 +17,12 @@ from pathlib import Path
 
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._procs import run_traced
+from atomic_ckpt.testing.audit._syscalls import TRACED
 
 AT_FDCWD = -100
 
-# Every call that can change a tree, move a file offset, share a descriptor table or
-# map a file; nothing else is traced (seccomp-bpf lets the rest run at full speed).
-TRACED = (
-    "open,openat,openat2,creat,close,close_range,dup,dup2,dup3,fcntl,"
-    "read,readv,write,writev,pwrite64,pwritev,pwritev2,lseek,"
-    "truncate,ftruncate,fallocate,sendfile,copy_file_range,splice,"
-    "mkdir,mkdirat,rmdir,unlink,unlinkat,rename,renameat,renameat2,"
-    "link,linkat,symlink,symlinkat,chdir,fchdir,"
-    "fsync,fdatasync,sync,syncfs,sync_file_range,mmap,msync,"
-    "clone,clone3,fork,vfork"
-)
+# Every call in the allow-list (:mod:`._syscalls`); nothing else is traced (seccomp-bpf
+# lets the rest run at full speed).
 
 INSTALL_HINT = (
     "strace is needed to record the workload's file operations and was not found on PATH; "
@@ -116,8 +108,6 @@ _RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
 _RET = re.compile(r"^\s*=\s*(0x[0-9a-f]+|-?\d+|\?)(?:<(.*)>)?")
 _DECORATED = re.compile(r"^(-?\d+)<(.*)>$", re.S)
 _UNFINISHED = " <unfinished ...>"
-
-_HANDLED = frozenset(TRACED.split(",")) | {"exit", "exit_group", "execve"}
 
 
 def split_args(text: str) -> tuple[list[str], str]:
@@ -239,8 +229,6 @@ def read_calls(trace: Path) -> Iterator[Call]:
             if paren <= 0:
                 continue
             name = text[:paren]
-            if name not in _HANDLED:
-                continue
             args, rest = split_args(text[paren + 1 :])
             rm = _RET.match(rest)
             ret: int | None = None

@@ -78,7 +78,8 @@ def test_identical_states_are_checked_once(tmp_path: Path) -> None:
     report = audit([*script(tmp_path, "naive.py", NAIVE), str(root)], check, root=root)
     assert len(os.listdir(counter)) == report.checked
     assert report.checked < sum(report.states.values())
-    assert report.checked <= report.boundaries["kill"] * 5
+    # power gives each unsynced write its own fate (issue 29.1): more states than before
+    assert report.checked <= report.boundaries["kill"] * 25
 
 
 def test_max_states_samples_reproducibly_and_says_so(tmp_path: Path) -> None:
@@ -176,7 +177,7 @@ def test_forked_checks_run_in_parallel_namespaces_see_their_own_state(tmp_path: 
 
     serial = audit(workload, resume, root=root)
     parallel = audit(workload, resume, root=root, jobs=2)
-    assert parallel.notes == ()
+    assert [n for n in parallel.notes if not n.startswith("power:")] == []
     assert parallel.states == serial.states
     key = [(v.model, v.crash_point, v.survived) for v in serial.violations]
     assert [(v.model, v.crash_point, v.survived) for v in parallel.violations] == key

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from atomic_ckpt.testing._mirror import _UNIVERSE
 from atomic_ckpt.testing.audit._strace import Call
+from atomic_ckpt.testing.audit._syscalls import IGNORED, MODELLED, TABLE, WORKLOAD_WIDE
 from atomic_ckpt.testing.audit._trace._data import _Data
 from atomic_ckpt.testing.audit._trace._descriptors import _Descriptors
 from atomic_ckpt.testing.audit._trace._durability import _Durability
@@ -34,17 +35,24 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
     """
 
     # Dispatch: a completed call named N goes to the family method ``_sys_N`` (descriptors,
-    # data, names, durability, processes); a call no family names is not replayed.
+    # data, names, durability, processes) when the allow-list (:mod:`.._syscalls`) models
+    # it; a call it does not model that touches the tree (or could: io_uring) is refused.
 
     def feed(self, calls: Iterable[Call]) -> None:
         """Replay ``calls`` (completed system calls, in completion order) on the model."""
         self._inode_names: dict[int, str] = {}
         self._name_tree(_UNIVERSE, "")
+        self._outside_links()
         for call in calls:
-            if call.ret is None:
+            how, why = TABLE.get(call.name, ("", "not in the audit's allow-list"))
+            if how not in (MODELLED, IGNORED):
+                if call.name in WORKLOAD_WIDE or self._touches(call):
+                    self._refuse(call, why)
                 continue
-            handler = getattr(self, "_sys_" + call.name, None)
-            if handler is not None:
-                self.calls += 1
-                handler(call)
+            if call.ret is None or how == IGNORED:
+                continue
+            self._check_mapped(call)
+            self.calls += 1
+            getattr(self, "_sys_" + call.name)(call)
+        self._end_mapped()
         self._flush()

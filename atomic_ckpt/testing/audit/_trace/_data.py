@@ -17,7 +17,7 @@ _MS_SYNC = 0x4
 
 class _Data(_Replay):
     """write, writev, pwrite64, pwritev, pwritev2, read, readv, lseek, ftruncate, truncate,
-    fallocate, sendfile, copy_file_range, splice, mmap, msync."""
+    fallocate, sendfile, copy_file_range, mmap, msync, munmap."""
 
     def _written(self, call: Call, opened: _Open | None, offset: int | None) -> None:
         if opened is None or opened.inode is None:
@@ -47,6 +47,15 @@ class _Data(_Replay):
                 opened.pos = len(self.content[inode])
             offset = opened.pos
             opened.pos += len(data)
+        if opened.sync:
+            self._flush()  # the write alone, as its own operation
+            if inode in self.dirty:
+                self._refuse(
+                    call,
+                    f"an O_SYNC/O_DSYNC write to {opened.path}, which holds other unsynced "
+                    "writes: only this write's range is durable, which is not modelled",
+                    opened.path,
+                )
         self._change(inode, "write", offset, data)
         if opened.sync:
             self._op("sync", inode, f"{call.name} on an O_SYNC file {opened.path} (durable)")
@@ -98,15 +107,18 @@ class _Data(_Replay):
             if end > offset:
                 self._change(opened.inode, "write", offset, bytes(end - offset))
         elif mode & ~_FALLOC_KEEP_SIZE:
-            self.unseen.setdefault(opened.path, f"fallocate mode {mode:#x}")
+            self._refuse(call, f"fallocate mode {mode:#x}", opened.path)
         elif not mode & _FALLOC_KEEP_SIZE and offset + length > size:
             self._truncated(opened.inode, opened.path, offset + length, "fallocate")
 
     def _copied(self, call: Call, source: _Open | None, target: _Open | None, offset: str) -> None:
         if target is None or target.inode is None:
             return
+        if source is not None and source.inode is None and source.outside is not None:
+            self._copied_in(call, source, target, offset)
+            return
         if source is None or source.inode is None or self.inodes[source.inode].kind != "file":
-            self.unseen.setdefault(target.path, f"{call.name} from a file outside the audited tree")
+            self._refuse(call, "a copy from a source the trace cannot place", target.path)
             return
         start = source.pos
         given = re.match(r"\[(\d+)\]", offset)
@@ -120,21 +132,34 @@ class _Data(_Replay):
         call.data = bytearray(self.content[source.inode][start : start + (call.ret or 0)])
         self._written(call, target, None)
 
+    def _copied_in(self, call: Call, source: _Open, target: _Open, offset: str) -> None:
+        """A copy from a file outside the tree (shutil.copy's sendfile): its bytes are read
+        from that file now, right after the run; the final-tree check catches a change."""
+        assert source.outside is not None
+        given = re.match(r"\[(\d+)\]", offset)
+        start = int(given[1]) if given is not None else source.pos
+        if given is None and source.pos >= 0:
+            source.pos += call.ret or 0
+        try:
+            with open(source.outside, "rb") as f:
+                f.seek(max(start, 0))
+                call.data = bytearray(f.read(call.ret or 0))
+        except OSError as exc:
+            self._refuse(call, f"the source {source.outside} cannot be read: {exc}", target.path)
+            return
+        if start < 0 or len(call.data) != call.ret:
+            self._refuse(call, f"the source {source.outside} changed after the copy", target.path)
+            return
+        self._written(call, target, None)
+
     def _sys_sendfile(self, call: Call) -> None:
         self._copied(call, self._file(call, 1), self._file(call, 0), call.args[2])
 
     def _sys_copy_file_range(self, call: Call) -> None:
         if call.args[3] not in ("NULL",):
-            target = self._file(call, 2)
-            if target is not None and target.path:
-                self.unseen.setdefault(target.path, "copy_file_range to an explicit offset")
+            self._refuse(call, "a copy to an explicit offset")
             return
         self._copied(call, self._file(call, 0), self._file(call, 2), call.args[1])
-
-    def _sys_splice(self, call: Call) -> None:
-        target = self._file(call, 2)
-        if target is not None and target.inode is not None:
-            self.unseen.setdefault(target.path, "splice into the file")
 
     def _sys_mmap(self, call: Call) -> None:
         if len(call.args) < 5 or call.ret is None:
@@ -168,11 +193,40 @@ class _Data(_Replay):
                 )
                 if int_arg(call.args[2]) & _MS_SYNC:
                     self._op("sync", inode, f"msync MS_SYNC {path} (durable)")
+                self._await_unmap[call.tid] = (base, size, path)
+
+    def _sys_munmap(self, call: Call) -> None:
+        start, length = int_arg(call.args[0]), int_arg(call.args[1])
+        maps = self.mappings.get(id(self._table(call.tid)), [])
+        maps[:] = [m for m in maps if not (m[0] < start + length and start < m[0] + m[1])]
+
+    def _check_mapped(self, call: Call) -> None:
+        """Only bytes in a mapping at its msync are flushed by it; the trace reads them
+        from the final tree, which is right only if no store can follow: the msync's
+        thread must unmap the mapping next (else the audit refuses)."""
+        waiting = self._await_unmap.pop(call.tid, None)
+        if waiting is None:
+            return
+        base, size, path = waiting
+        if call.name == "munmap":
+            start, length = int_arg(call.args[0]), int_arg(call.args[1])
+            if start <= base and base + size <= start + length:
+                return
+        self._refuse(
+            call, f"{path} stays mapped after its msync: later stores cannot be seen", path
+        )
+
+    def _end_mapped(self) -> None:
+        for tid, (_, _, path) in self._await_unmap.items():
+            self.refusals.append(
+                (path, f"cannot rebuild: {path} stays mapped after its msync (thread {tid})")
+            )
+        self._await_unmap.clear()
 
     def fill_mapped(self, root: Path) -> list[tuple[str, str]]:
         """Give each msync its bytes: the file as the workload left it, when no later
         operation changed it; what cannot be known this way is returned (path, why)."""
-        refused: list[tuple[str, str]] = []
+        refused: list[tuple[str, str]] = list(self.refusals)
         for index, inode, path in self._mapped:
             later = [op for op in self.ops[index + 1 :] if op.kind == "data" and op.inode == inode]
             final = self._final_path(inode)

@@ -9,6 +9,7 @@ from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
 from atomic_ckpt.testing.audit._trace._model import _Open, _Replay
 
 _F_DUPFD, _F_DUPFD_CLOEXEC = 0, 1030
+_CLOSE_RANGE_CLOEXEC = 4
 
 
 class _Descriptors(_Replay):
@@ -21,7 +22,7 @@ class _Descriptors(_Replay):
         if rel is None:  # outside the root (or a decoration strace could not give)
             rel = self._rel(self._absolute(call.tid, dirfd, unescape(path_arg)))
         if rel is None:
-            self._table(call.tid)[fd] = _Open(None, "")
+            self._table(call.tid)[fd] = _Open(None, "", outside=call.ret_path)
             return
         inode: int | None = _UNIVERSE if rel == "" else None
         if rel:
@@ -35,7 +36,7 @@ class _Descriptors(_Replay):
                     self._op("entry", parent, f"{call.name} O_CREAT {rel}", ((name, inode),))
                 elif inode is None:
                     self.unseen.setdefault(rel, "opened, but the trace never saw it created")
-        if inode is not None and flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
+        if inode is not None and flags & os.O_TRUNC:  # Linux truncates even on O_RDONLY
             self._truncated(inode, rel, 0, f"{call.name} O_TRUNC")
         self._table(call.tid)[fd] = _Open(
             inode,
@@ -61,6 +62,14 @@ class _Descriptors(_Replay):
 
     def _sys_close(self, call: Call) -> None:
         self._table(call.tid).pop(fd_arg(call.args[0])[0], None)
+
+    def _sys_close_range(self, call: Call) -> None:
+        first, last = int_arg(call.args[0]), int_arg(call.args[1])
+        if len(call.args) > 2 and int_arg(call.args[2]) & _CLOSE_RANGE_CLOEXEC:
+            return  # only marked close-on-exec
+        table = self._table(call.tid)
+        for fd in [fd for fd in table if first <= fd <= (last if last >= 0 else 2**32)]:
+            del table[fd]
 
     def _dup(self, call: Call) -> None:
         opened = self._file(call)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from atomic_ckpt.testing._mirror import _UNIVERSE, _Mirror
 from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, unescape
@@ -19,6 +20,8 @@ class _Open:
     pos: int = 0
     append: bool = False
     sync: bool = False
+    outside: str | None = None
+    """The path of a file outside the audited tree (its bytes read for a copy in)."""
 
 
 @dataclass
@@ -46,18 +49,69 @@ class _Replay(_Mirror):
             i: bytearray(n.data) for i, n in enumerate(self.inodes) if n.kind == "file"
         }
         self.tables: dict[int, dict[int, _Open]] = {}
-        self.cwd: dict[int, str] = {}
+        self.cwd: dict[int, list[str]] = {}
+        """Each thread's working directory, one shared cell for threads made with CLONE_FS."""
         self.unseen: dict[str, str] = {}
         self.calls = 0
         self._run: _Run | None = None
         self.mappings: dict[int, list[tuple[int, int, int, str]]] = {}
         """Shared writable mappings of files under the root, per address space."""
         self._mapped: list[tuple[int, int, str]] = []
+        self._await_unmap: dict[int, tuple[int, int, str]] = {}
+        self.dirty: set[int] = set()
+        """Files with data operations no fsync has covered yet."""
         self._start_cwd = os.getcwd()
+        self.refusals: list[tuple[str, str]] = []
+        """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
 
     def ignores(self, name: str) -> bool:
         """Nothing is left out: the audit sees the tree as the workload's checker does."""
         return False
+
+    def emit(
+        self,
+        kind: Literal["entry", "data", "sync"],
+        inode: int,
+        description: str,
+        **kw: Any,
+    ) -> None:
+        """The mirror's emit, keeping :attr:`dirty` (files with unsynced data)."""
+        super().emit(kind, inode, description, **kw)
+        if kind == "data":
+            self.dirty.add(inode)
+
+    def _outside_links(self) -> None:
+        """A symlink already in the tree that leads out of it is refused: every crash state
+        would show the live target, whatever the workload did to it."""
+        for inode, rel in self._inode_names.items():
+            node = self.inodes[inode]
+            if node.kind != "symlink":
+                continue
+            target = os.fsdecode(node.data)
+            parent = os.path.dirname(os.path.join(self.root_real, rel))
+            if self._rel(os.path.join(parent, target)) is None:
+                self.refusals.append(
+                    (rel, f"cannot rebuild: {rel} is a symlink out of the audited tree -> {target}")
+                )
+
+    def _cwd(self, tid: int) -> list[str]:
+        return self.cwd.setdefault(tid, [self._start_cwd])
+
+    def _refuse(self, call: Call, why: str, path: str | None = None) -> None:
+        self.refusals.append(
+            (path or call.name, f"cannot rebuild: {call.name} (trace line {call.line}): {why}")
+        )
+
+    def _touches(self, call: Call) -> bool:
+        """Whether any argument of ``call`` names a path or descriptor under the root."""
+        for arg in call.args:
+            decoration = fd_arg(arg)[1]
+            if decoration is not None and self._rel(decoration) is not None:
+                return True
+            quoted = arg.startswith('"')
+            if quoted and self._rel(self._absolute(call.tid, None, unescape(arg))) is not None:
+                return True
+        return call.ret_path is not None and self._rel(call.ret_path) is not None
 
     # ---- paths
 
@@ -79,10 +133,10 @@ class _Replay(_Mirror):
         if dirfd is not None:
             fd, decoration = fd_arg(dirfd)
             if fd == AT_FDCWD and decoration is not None:
-                self.cwd[tid] = decoration
+                self._cwd(tid)[0] = decoration
             base = decoration
         if base is None:
-            base = self.cwd.get(tid, self._start_cwd)
+            base = self._cwd(tid)[0]
         return os.path.join(base, path)
 
     def _walk(
@@ -179,6 +233,10 @@ class _Replay(_Mirror):
             self.emit("entry", inode, description, effects=effects, by="traced")
         else:
             self.emit("sync", inode, description, by="traced")
+            if inode < 0:
+                self.dirty.clear()
+            else:
+                self.dirty.discard(inode)
 
     def _change(self, inode: int, kind: str, offset: int, payload: bytes = b"") -> None:
         if self._run is None or self._run.inode != inode:

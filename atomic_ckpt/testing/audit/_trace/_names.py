@@ -31,7 +31,17 @@ class _Names(_Replay):
         self._inode_names[inode] = rel
         self._op("entry", parent, f"{call.name} {rel}", ((name, inode),))
 
+    def _is_root(self, call: Call, dirfd: str | None, path: str) -> bool:
+        """Whether ``path`` names the audited directory itself (refused: the model holds
+        it durable and always there, so the window without it could not be shown)."""
+        if self._rel(self._absolute(call.tid, dirfd, unescape(path))) != "":
+            return False
+        self._refuse(call, "the audited directory itself is renamed or removed", ".")
+        return True
+
     def _removed(self, call: Call, dirfd: str | None, path: str) -> None:
+        if self._is_root(call, dirfd, path):
+            return
         where = self._where(call.tid, dirfd, path)
         if where is None or where[2] is None:
             return
@@ -50,6 +60,11 @@ class _Names(_Replay):
         self, call: Call, old: tuple[str | None, str], new: tuple[str | None, str], flags: int
     ) -> None:
         self._flush()  # pending writes are described under the name they were made at
+        if self._is_root(call, *old) or self._is_root(call, *new):
+            return
+        if flags & _RENAME_WHITEOUT:
+            self._refuse(call, "RENAME_WHITEOUT (an overlay whiteout)")
+            return
         src = self._where(call.tid, *old)
         dst = self._where(call.tid, *new)
         if src is None and dst is None:
@@ -65,7 +80,7 @@ class _Names(_Replay):
                 self._op("entry", src[0], f"{verb} {src[3]} -> (outside)", ((src[1], None),))
             return
         if src is None or src[2] is None:  # moved in from outside: contents never seen
-            self.unseen.setdefault(dst[3], "moved in from outside the audited tree")
+            self._refuse(call, "a file moved in from outside the audited tree", dst[3])
             return
         (sp, sn, _, srel), (dp, dn, other, drel) = src, dst
         moved = src[2]
@@ -108,9 +123,13 @@ class _Names(_Replay):
         src = self._where(call.tid, *old, follow=follow)
         dst = self._where(call.tid, *new)
         if dst is None:
+            if src is not None and src[2] is not None:  # a second name outside the tree:
+                self._refuse(  # writes through it would change the tree unseen
+                    call, "a file in the audited tree hard-linked to a name outside it", src[3]
+                )
             return
         if src is None or src[2] is None:
-            self.unseen.setdefault(dst[3], "hard link to a file outside the audited tree")
+            self._refuse(call, "a hard link to a file outside the audited tree", dst[3])
             return
         self._op("entry", dst[0], f"{call.name} {src[3]} -> {dst[3]}", ((dst[1], src[2]),))
 
@@ -127,11 +146,20 @@ class _Names(_Replay):
         dst = self._where(call.tid, nd, new)
         if dst is None:
             return
+        text = unescape(target)
+        parent = os.path.dirname(os.path.join(self.root_real, dst[3]))
+        if self._rel(os.path.join(parent, text)) is None:
+            self._refuse(
+                call,
+                f"a symlink out of the audited tree ({dst[3]} -> {text}): the check would "
+                "read the live target in every crash state",
+                dst[3],
+            )
+            return
         inode = self._new("symlink", None)
-        text = os.fsencode(unescape(target))
-        self.inodes[inode].base_data = self.inodes[inode].data = text
+        self.inodes[inode].base_data = self.inodes[inode].data = os.fsencode(text)
         self._inode_names[inode] = dst[3]
-        self._op("entry", dst[0], f"{call.name} {dst[3]} -> {unescape(target)}", ((dst[1], inode),))
+        self._op("entry", dst[0], f"{call.name} {dst[3]} -> {text}", ((dst[1], inode),))
 
     def _sys_symlink(self, call: Call) -> None:
         self._symlinked(call, call.args[0], None, call.args[1])

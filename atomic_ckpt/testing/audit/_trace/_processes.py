@@ -7,8 +7,23 @@ import os
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
 from atomic_ckpt.testing.audit._trace._model import _Replay
 
+_CLONE_FS = 0x200
 _CLONE_FILES = 0x400
 _CLONE_THREAD = 0x10000
+
+
+def clone_flags(text: str) -> int:
+    """strace's ``0x1200000|17`` (raw flags, the exit signal after ``|``) as a number;
+    named flags (``CLONE_VM|CLONE_FS|SIGCHLD``) too."""
+    names = {"CLONE_FS": _CLONE_FS, "CLONE_FILES": _CLONE_FILES, "CLONE_THREAD": _CLONE_THREAD}
+    flags = 0
+    for raw in text.split("|"):
+        part = raw.strip()
+        value = names.get(part, 0) if part.startswith("CLONE_") else int_arg(part)
+        if value < 0:
+            raise ValueError(f"clone flags {text!r} cannot be read")
+        flags |= value
+    return flags
 
 
 class _Processes(_Replay):
@@ -22,21 +37,23 @@ class _Processes(_Replay):
         # The child may have run before its parent's clone returned (strace prints the two
         # in completion order): what it opened meanwhile joins the table, but a descriptor
         # it could only place by path never replaces the parent's own entry.
-        table = parent if flags & (_CLONE_FILES | _CLONE_THREAD) else dict(parent)
+        table = parent if flags & _CLONE_FILES else dict(parent)
         for fd, opened in own.items():
             if opened.pos >= 0 or fd not in table:  # pos -1: placed by path only
                 table[fd] = opened
         self.tables[child] = table
-        self.cwd.setdefault(child, self.cwd.get(call.tid, self._start_cwd))
+        cwd = self._cwd(call.tid)
+        # CLONE_FS (every thread): one working directory; else the child's own copy
+        self.cwd[child] = cwd if flags & _CLONE_FS else [cwd[0]]
 
     def _sys_clone(self, call: Call) -> None:
-        flags = next((int_arg(a[6:]) for a in call.args if a.startswith("flags=")), 0)
+        flags = next((clone_flags(a[6:]) for a in call.args if a.startswith("flags=")), 0)
         self._clone(call, flags)
 
     def _sys_clone3(self, call: Call) -> None:
         text = call.args[0] if call.args else ""
         at = text.find("flags=")
-        flags = int_arg(text[at + 6 :].split(",", 1)[0]) if at >= 0 else 0
+        flags = clone_flags(text[at + 6 :].split(",", 1)[0].rstrip("}")) if at >= 0 else 0
         self._clone(call, flags)
 
     def _sys_fork(self, call: Call) -> None:
@@ -45,11 +62,11 @@ class _Processes(_Replay):
     _sys_vfork = _sys_fork
 
     def _sys_chdir(self, call: Call) -> None:
-        self.cwd[call.tid] = os.path.normpath(
+        self._cwd(call.tid)[0] = os.path.normpath(
             self._absolute(call.tid, None, unescape(call.args[0]))
         )
 
     def _sys_fchdir(self, call: Call) -> None:
         decoration = fd_arg(call.args[0])[1]
         if decoration is not None:
-            self.cwd[call.tid] = decoration
+            self._cwd(call.tid)[0] = decoration

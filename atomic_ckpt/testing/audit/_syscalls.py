@@ -1,0 +1,109 @@
+"""The audit's allow-list: every system call the recorder traces, and how it is replayed.
+
+One table, read by the tracer (what strace traces), the replay (a call touching the
+audited tree that the table does not model is refused, never dropped) and the guide's
+table (docs/guides/audit.md, checked against this one by the tests).
+"""
+
+from __future__ import annotations
+
+MODELLED, REFUSED, IGNORED = "modelled", "refused", "ignored"
+
+# name -> (how, what the replay does with it, or why it refuses it)
+TABLE: dict[str, tuple[str, str]] = {
+    # descriptors
+    "open": (MODELLED, "a descriptor; O_CREAT makes the name, O_TRUNC truncates (also O_RDONLY)"),
+    "openat": (MODELLED, "as open, relative to a directory descriptor"),
+    "openat2": (MODELLED, "as openat"),
+    "creat": (MODELLED, "open with O_CREAT|O_WRONLY|O_TRUNC"),
+    "open_by_handle_at": (REFUSED, "opens a file by handle, not by a name the replay can place"),
+    "close": (MODELLED, "the descriptor leaves its table"),
+    "close_range": (MODELLED, "every descriptor in the range leaves its table"),
+    "dup": (MODELLED, "the new descriptor shares the open file (and its offset)"),
+    "dup2": (MODELLED, "as dup"),
+    "dup3": (MODELLED, "as dup"),
+    "fcntl": (MODELLED, "F_DUPFD and F_DUPFD_CLOEXEC as dup; the rest change nothing on disk"),
+    # data
+    "read": (MODELLED, "moves the file offset"),
+    "readv": (MODELLED, "moves the file offset"),
+    "pread64": (IGNORED, "reads, offset unmoved"),
+    "preadv": (IGNORED, "reads, offset unmoved"),
+    "preadv2": (IGNORED, "reads, offset unmoved"),
+    "write": (MODELLED, "the bytes (hex dump), at the offset; on O_SYNC/O_DSYNC its range durable"),
+    "writev": (MODELLED, "as write"),
+    "pwrite64": (MODELLED, "as write, at the given offset (appends on O_APPEND)"),
+    "pwritev": (MODELLED, "as pwrite64"),
+    "pwritev2": (MODELLED, "as pwrite64 (offset -1: the file offset)"),
+    "lseek": (MODELLED, "sets the file offset"),
+    "truncate": (MODELLED, "the file cut or extended with zeros"),
+    "ftruncate": (MODELLED, "as truncate"),
+    "fallocate": (MODELLED, "extends, punches or zeroes a range; other modes refused"),
+    "sendfile": (MODELLED, "a copy; the source's bytes (inside the tree, or read from outside)"),
+    "copy_file_range": (MODELLED, "as sendfile; an explicit target offset is refused"),
+    "splice": (REFUSED, "bytes from a pipe, which the trace does not dump"),
+    "mmap": (MODELLED, "a shared writable mapping of a file: its stores are seen at msync"),
+    "mremap": (REFUSED, "a moved mapping of a file in the tree"),
+    "munmap": (MODELLED, "ends a mapping"),
+    "msync": (MODELLED, "the mapped file's bytes, if munmap follows at once (else refused)"),
+    "remap_file_pages": (REFUSED, "rearranges a file mapping"),
+    # names
+    "mkdir": (MODELLED, "a new directory entry"),
+    "mkdirat": (MODELLED, "as mkdir"),
+    "mknod": (REFUSED, "a device, FIFO or socket node: the crash states hold files only"),
+    "mknodat": (REFUSED, "as mknod"),
+    "rmdir": (MODELLED, "the entry removed"),
+    "unlink": (MODELLED, "the entry removed"),
+    "unlinkat": (MODELLED, "as unlink (AT_REMOVEDIR: rmdir)"),
+    "rename": (MODELLED, "entries moved (two operations across directories)"),
+    "renameat": (MODELLED, "as rename"),
+    "renameat2": (MODELLED, "as rename; RENAME_EXCHANGE swaps; RENAME_WHITEOUT refused"),
+    "link": (MODELLED, "a second name for the inode; from outside the tree refused"),
+    "linkat": (MODELLED, "as link (AT_SYMLINK_FOLLOW follows)"),
+    "symlink": (MODELLED, "a symlink; one leading out of the tree that is used is refused"),
+    "symlinkat": (MODELLED, "as symlink"),
+    "chdir": (MODELLED, "the working directory (shared by CLONE_FS threads)"),
+    "fchdir": (MODELLED, "as chdir"),
+    # durability
+    "fsync": (MODELLED, "the file (or directory) durable"),
+    "fdatasync": (MODELLED, "as fsync"),
+    "sync": (MODELLED, "everything durable"),
+    "syncfs": (MODELLED, "everything durable if the descriptor is on the tree's filesystem"),
+    "sync_file_range": (IGNORED, "makes nothing durable (no metadata, no cache flush)"),
+    # processes
+    "clone": (MODELLED, "CLONE_FILES shares the descriptor table, else copied; CLONE_FS cwd"),
+    "clone3": (MODELLED, "as clone"),
+    "fork": (MODELLED, "a copied descriptor table and working directory"),
+    "vfork": (MODELLED, "as fork"),
+    "execve": (IGNORED, "keeps the descriptor table (close-on-exec descriptors are left open)"),
+    "io_uring_setup": (REFUSED, "io_uring operations are invisible to the trace"),
+    "io_uring_enter": (REFUSED, "io_uring operations are invisible to the trace"),
+    "io_uring_register": (REFUSED, "io_uring operations are invisible to the trace"),
+    # attributes: the crash states hold names and contents, not modes, owners or times
+    "chmod": (IGNORED, "permissions are not part of the crash states"),
+    "fchmod": (IGNORED, "as chmod"),
+    "fchmodat": (IGNORED, "as chmod"),
+    "chown": (IGNORED, "owners are not part of the crash states"),
+    "fchown": (IGNORED, "as chown"),
+    "fchownat": (IGNORED, "as chown"),
+    "lchown": (IGNORED, "as chown"),
+    "utimensat": (IGNORED, "times are not part of the crash states"),
+    "setxattr": (REFUSED, "extended attributes are not part of the crash states"),
+    "lsetxattr": (REFUSED, "as setxattr"),
+    "fsetxattr": (REFUSED, "as setxattr"),
+    "removexattr": (REFUSED, "as setxattr"),
+    "lremovexattr": (REFUSED, "as setxattr"),
+    "fremovexattr": (REFUSED, "as setxattr"),
+}
+
+WORKLOAD_WIDE = frozenset({"io_uring_setup", "io_uring_enter", "io_uring_register"})
+"""Refused wherever they point: what they do may reach the tree by any path."""
+
+TRACED = ",".join(TABLE)
+
+
+def guide_table() -> str:
+    """The table as the audit guide prints it (Markdown)."""
+    rows = ["| system call | replay | what it does in the model (or why it is refused) |"]
+    rows.append("|---|---|---|")
+    rows += [f"| `{name}` | {how} | {what} |" for name, (how, what) in TABLE.items()]
+    return "\n".join(rows)
