@@ -142,10 +142,15 @@ def test_the_format_written_is_version_2_in_its_layout(ckpts: CheckpointDir) -> 
     assert header["body_crc32"] == f"{zlib.crc32(body):08x}"
     assert (header["entries"], header["file_count"]) == (4, 3)  # opt/ is an entry too
     assert header["total_size"] == sum(map(len, FILES.values()))
-    assert json.loads(data)["files"][0] == {  # still one JSON document
+    first = json.loads(data)["files"][0]  # still one JSON document
+    st = (ckpts.path_of(1) / "model.bin").stat()
+    assert first == {
         "path": "model.bin",
         "size": len(FILES["model.bin"]),
         "checksum": ckpts.checksum_file(ckpts.path_of(1) / "model.bin"),
+        # the identity of the file hashed (what a carry checks before it reuses the entry)
+        "ino": st.st_ino,
+        "mtime_ns": st.st_mtime_ns,
     }
 
 
