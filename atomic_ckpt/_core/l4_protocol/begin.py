@@ -9,7 +9,7 @@ import os
 from collections.abc import Collection
 from typing import SupportsIndex
 
-from atomic_ckpt._core.l1_names.names import MARKER
+from atomic_ckpt._core.l1_names.names import MARKER, not_one_string
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l3_formats.manifest import check_metadata
 from atomic_ckpt._core.l4_protocol import delete as _delete
@@ -55,8 +55,7 @@ def begin_as(
     replace_aliases: bool = False,
 ) -> Commit:
     """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
-    if isinstance(aliases, str):
-        raise TypeError("aliases must be a collection of names, not one string")
+    not_one_string("aliases", aliases, "names")
     alias_list = [_delete.check_alias(root, a) for a in aliases]
     meta = check_metadata(metadata)
     root.ensure()

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, SupportsIndex
+from typing import Any, Literal, SupportsIndex, overload
 
-from atomic_ckpt._core.l1_names.errors import (
-    InvalidRootError,
-)
-from atomic_ckpt._core.l1_names.names import check_prefix, is_marker_name
+from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, InvalidRootError
+from atomic_ckpt._core.l1_names.names import check_prefix, is_marker_name, not_one_string
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
 from atomic_ckpt._core.l3_formats.contents import FileCheck, check_contents
@@ -156,6 +155,7 @@ class CheckpointDir(Reading, TrainerOps):
         with :attr:`checksum`; directories are fsynced (not their contents); symlinks
         are recorded, never followed. Returns their manifest entries sorted by path.
         """
+        not_one_string("paths", paths)
         return sync_files(
             Path(directory),
             paths,
@@ -247,17 +247,23 @@ class CheckpointDir(Reading, TrainerOps):
         ) as handle:
             yield handle.path
 
-    def mark_complete(self, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
+    def mark_complete(
+        self, step: SupportsIndex, *, check: bool = True, require: Collection[str] = ()
+    ) -> Checkpoint:
         """Adopt an existing directory written without this library.
 
-        Checks what can be checked without the writer first (see :meth:`check_contents`)
+        ``require`` names the files (or directories; paths relative to the step's) that
+        a complete save of its writer holds: a directory missing one is refused with a
+        :class:`~atomic_ckpt.VerificationError` listing each missing path (always, also
+        with ``check=False``, and also where the directory is already marked).
+        Checks what can be checked without the writer (see :meth:`check_contents`)
         and refuses a directory whose files fail, with a
         :class:`~atomic_ckpt.VerificationError` naming each (``check=False`` adopts it
         anyway). Then fsyncs its files, writes a manifest marker (replacing a legacy
         empty one), and fsyncs the directory. A directory that already has a manifest
         is returned unchanged.
         """
-        return _adopt.adopt(self._root, step, check=check)
+        return _adopt.adopt(self._root, step, check=check, require=require)
 
     def check_contents(self, step: SupportsIndex) -> list[FileCheck]:
         """What can be checked of step ``step``'s files without their writer: safetensors
@@ -329,7 +335,17 @@ class CheckpointDir(Reading, TrainerOps):
         durably (CheckpointNotFoundError if it is not complete)."""
         return _delete.set_best(self._root, check_step(step))
 
-    def delete(self, step: SupportsIndex | str, *, force: bool = False) -> Path:
+    @overload
+    def delete(
+        self, step: SupportsIndex | str, *, force: bool = False, missing_ok: Literal[False] = False
+    ) -> Path: ...
+    @overload
+    def delete(
+        self, step: SupportsIndex | str, *, force: bool = False, missing_ok: bool
+    ) -> Path | None: ...
+    def delete(
+        self, step: SupportsIndex | str, *, force: bool = False, missing_ok: bool = False
+    ) -> Path | None:
         """Delete the complete checkpoint of ``step`` (or the named checkpoint ``step``,
         a string that is not a step) durably; return its path.
 
@@ -337,11 +353,19 @@ class CheckpointDir(Reading, TrainerOps):
         its files are removed, the marker first; its aliases go too. The step
         ``checkpoint_best`` names is refused (StepConflictError) unless ``force``,
         which removes the pointer as well. The latest step may be deleted.
+        Nothing there is CheckpointNotFoundError, or with ``missing_ok=True`` (as for
+        ``Path.unlink``) returns None; a directory there that is not a complete
+        checkpoint is CheckpointNotFoundError either way.
         """
         number, name = self._target(step)
-        if number is None:
-            return _delete.delete_named(self._root, name)
-        return _delete.delete(self._root, number, force=force)
+        try:
+            if number is None:
+                return _delete.delete_named(self._root, name)
+            return _delete.delete(self._root, number, force=force)
+        except CheckpointNotFoundError:
+            if missing_ok and not os.path.lexists(self.root / name):
+                return None
+            raise
 
     def aliases(self, step: SupportsIndex | str) -> list[str]:
         """The aliases (symlinks in the root) naming ``step``'s checkpoint (or the named

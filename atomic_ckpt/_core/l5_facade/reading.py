@@ -18,7 +18,7 @@ from atomic_ckpt._core.l1_names.errors import (
     UnusableCheckpointsError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER
+from atomic_ckpt._core.l1_names.names import MARKER, not_one_string
 from atomic_ckpt._core.l3_formats import read as _read
 from atomic_ckpt._core.l3_formats import verify as _verify
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
@@ -116,6 +116,7 @@ class Reading:
         to pass the candidate over (other errors propagate).
         :func:`atomic_ckpt.distributed.resume_verified` splits the work among ranks so.
         """
+        not_one_string("read", read)
         return self._resume(verify=True, fresh=fresh, read=frozenset(read), verifier=verifier)
 
     def _newest(
