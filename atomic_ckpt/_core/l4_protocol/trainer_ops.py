@@ -96,6 +96,7 @@ class TrainerOps:
         metadata: Mapping[str, Any] | None = None,
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
+        replace_unusable: bool = False,
     ) -> _commit.Commit:
         """:meth:`begin` for a named checkpoint: the handle's ``finish()`` (or leaving it as
         a context manager) commits ``root/<name>/``; ``abort()`` gives it up."""
@@ -106,6 +107,7 @@ class TrainerOps:
             metadata=metadata,
             aliases=aliases,
             replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         )
 
     @contextlib.contextmanager
@@ -117,10 +119,12 @@ class TrainerOps:
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
         join: bool = False,
+        replace_unusable: bool = False,
     ) -> Iterator[Path]:
         """Commit a named checkpoint (``root/<name>/``, e.g. ``interrupted``) with the same
         protocol as a step. ``latest()`` and ``steps()`` never count it. ``aliases``,
-        ``replace_aliases`` and ``join`` as for :meth:`~atomic_ckpt.CheckpointDir.commit`."""
+        ``replace_aliases``, ``join`` and ``replace_unusable`` as for
+        :meth:`~atomic_ckpt.CheckpointDir.commit`."""
         if join:
             outer = _commit.open_commit(self._root, _named.check_name(self._root, name))
             if outer is not None:
@@ -128,7 +132,11 @@ class TrainerOps:
                     yield path
                 return
         handle = self.begin_named(
-            name, metadata=metadata, aliases=aliases, replace_aliases=replace_aliases
+            name,
+            metadata=metadata,
+            aliases=aliases,
+            replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         )
         try:
             yield handle.path

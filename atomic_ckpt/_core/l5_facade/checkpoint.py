@@ -184,12 +184,14 @@ class CheckpointDir(Reading, TrainerOps):
         retain: RetentionPolicy | None = None,
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
+        replace_unusable: bool = False,
     ) -> Commit:
         """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
 
         Write into ``commit.path``, then call ``commit.publish()`` (or
         ``commit.abort()``); or use the handle as a context manager. For code that
         cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
+        ``replace_unusable`` as for :meth:`commit`.
         """
         return _begin.begin(
             self._root,
@@ -198,6 +200,7 @@ class CheckpointDir(Reading, TrainerOps):
             retain=retain,
             aliases=aliases,
             replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         )
 
     @contextlib.contextmanager
@@ -210,6 +213,7 @@ class CheckpointDir(Reading, TrainerOps):
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
         join: bool = False,
+        replace_unusable: bool = False,
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
 
@@ -223,6 +227,13 @@ class CheckpointDir(Reading, TrainerOps):
         promotion; deleting the step removes them. ``replace_aliases=True`` makes them
         the step's only aliases: those naming the step's older save are removed
         (durably, just before the promotion), so no label outlives the save it named.
+
+        A step directory that holds a checkpoint this release must not lose is refused
+        (:class:`~atomic_ckpt.StepConflictError`, before anything is written): one a
+        newer atomic_ckpt wrote (a newer marker format version), or a complete checkpoint
+        moved or copied there by hand (``mv interrupted 5``: make it the step with
+        ``atomic-ckpt promote`` instead). ``replace_unusable=True`` replaces it knowingly
+        (logged). A directory without a marker is replaced with a warning, as before.
 
         ``join=True``: if this process already has an open commit of ``step`` (an outer
         ``commit``/``begin`` further up the stack, or in another thread), yield its
@@ -244,6 +255,7 @@ class CheckpointDir(Reading, TrainerOps):
             retain=retain,
             aliases=aliases,
             replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         ) as handle:
             yield handle.path
 

@@ -91,8 +91,11 @@ class Reading:
         Resuming from an older checkpoint below ones a newer atomic_ckpt wrote (a newer
         marker format version) is refused too, ``fresh`` or not:
         :class:`~atomic_ckpt.NewerCheckpointsError` (upgrade, or move them away), since
-        the job would train over them and replace them at their step. Other incomplete
-        steps above the one found are skipped with a warning, as by :meth:`latest`.
+        the job would train over them and replace them at their step; so is resuming below
+        a complete checkpoint moved or copied by hand to a step's name (``mv interrupted
+        5``: :class:`~atomic_ckpt.UnusableCheckpointsError` naming ``atomic-ckpt promote``,
+        the supported way to make a named checkpoint a step). Other incomplete steps
+        above the one found are skipped with a warning, as by :meth:`latest`.
         """
         found = self._resume(verify=verify, fresh=fresh, read=())
         return None if found is None else found.checkpoint
@@ -161,6 +164,9 @@ class Reading:
         newer = [e for e in skipped if e.newer_format]
         if found is not None and newer:
             raise self._newer_error(found.checkpoint, newer)
+        moved = [e for e in skipped if e.moved]
+        if found is not None and moved:
+            raise self._moved_error(found.checkpoint, moved)
         if found is not None or fresh:
             return found
         reasons = dict(rejected)  # passed over by the verify
@@ -203,6 +209,19 @@ class Reading:
             "move them out of the root to resume from the older one",
             path=self._root.path,
             paths=tuple(e.path for e in newer),
+            problems=problems,
+        )
+
+    def _moved_error(self, found: Checkpoint, moved: list[Entry]) -> UnusableCheckpointsError:
+        problems = tuple(f"{e.path}: {e.problem}" for e in moved)
+        return UnusableCheckpointsError(
+            f"{self._root.path} holds {len(moved)} complete checkpoint(s) above step "
+            f"{found.step} under a name that is not theirs (moved or copied there by "
+            "hand):\n  " + "\n  ".join(problems) + f"\nResuming from step {found.step} "
+            "would skip them and train over them. Move each back to its own name; make a "
+            "named one a step with `atomic-ckpt promote ROOT NAME STEP`",
+            path=self._root.path,
+            paths=tuple(e.path for e in moved),
             problems=problems,
         )
 
