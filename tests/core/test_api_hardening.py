@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, VerificationError
+from atomic_ckpt import (
+    CheckpointDir,
+    CheckpointNotFoundError,
+    UnmarkedCheckpointsError,
+    UnusableCheckpointsError,
+    VerificationError,
+)
 from atomic_ckpt import distributed as adist
 
 
@@ -221,3 +227,43 @@ def test_mark_complete_require_refuses_one_string_and_paths_outside(ckpts: Check
         ckpts.mark_complete(3, require="model.json")
     with pytest.raises(ValueError, match="inside the checkpoint"):
         ckpts.mark_complete(3, require=["../model.json"])
+
+
+# ---------------------------------------------------------------- 20: decided at resume
+
+
+def test_a_plan_scanned_early_raises_only_where_the_resume_is_decided(
+    ckpts: CheckpointDir,
+) -> None:
+    """``resume_plan()`` over unusable directories raises nothing until ``resume()``,
+    which refuses, or with ``fresh=True`` starts over: the decision of the resume site."""
+    (ckpts.root / "3").mkdir(parents=True)  # unmarked: written before atomic_ckpt
+    plan = ckpts.resume_plan()  # a trainer's constructor: no decision yet
+    assert plan.checkpoint is None
+    assert isinstance(plan.refusal, UnmarkedCheckpointsError)
+    with pytest.raises(UnmarkedCheckpointsError):
+        plan.resume()
+    assert plan.resume(fresh=True) is None
+
+
+def test_a_plan_resumes_what_resume_point_resumes(ckpts: CheckpointDir) -> None:
+    """With a checkpoint to resume from, the plan holds it and ``resume`` returns it."""
+    _commit(ckpts, 1)
+    _commit(ckpts, 2)
+    plan = ckpts.resume_plan(verify=True)
+    assert plan.refusal is None
+    assert plan.resume() == plan.resume(fresh=True) == ckpts.resume_point()
+
+
+def test_a_plan_below_a_moved_checkpoint_refuses_fresh_or_not(ckpts: CheckpointDir) -> None:
+    """A refusal that ``fresh`` does not lift (a moved checkpoint above) holds at resume."""
+    _commit(ckpts, 1)
+    with ckpts.commit_named("interrupted") as path:
+        (path / "model.pt").write_bytes(b"w")
+    (ckpts.root / "interrupted").rename(ckpts.path_of(5))
+    plan = ckpts.resume_plan()
+    assert plan.checkpoint is not None
+    assert plan.checkpoint.step == 1
+    for fresh in (False, True):
+        with pytest.raises(UnusableCheckpointsError, match="atomic-ckpt promote"):
+            plan.resume(fresh=fresh)
