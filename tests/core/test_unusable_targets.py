@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import pytest
 
@@ -48,9 +47,9 @@ def test_committing_over_a_newer_format_checkpoint_is_refused_naming_the_option(
     with (
         caplog.at_level(logging.WARNING),
         pytest.raises(StepConflictError, match="replace_unusable=True") as caught,
+        ckpts.commit(5) as path,
     ):
-        with ckpts.commit(5) as path:
-            (path / "model.pt").write_bytes(b"new")
+        (path / "model.pt").write_bytes(b"new")
     assert "newer atomic_ckpt" in str(caught.value)
     assert f"format version {VERSION + 1}" in str(caught.value)
     assert "has no checkpoint_complete marker" not in caplog.text
