@@ -267,3 +267,17 @@ def test_a_plan_below_a_moved_checkpoint_refuses_fresh_or_not(ckpts: CheckpointD
     for fresh in (False, True):
         with pytest.raises(UnusableCheckpointsError, match="atomic-ckpt promote"):
             plan.resume(fresh=fresh)
+
+
+def test_remove_alias_with_missing_ok_of_an_absent_alias_does_nothing(
+    ckpts: CheckpointDir,
+) -> None:
+    """``remove_alias(name, missing_ok=True)`` takes an absent alias (or root) quietly."""
+    ckpts.remove_alias("best-so-far", missing_ok=True)  # no root yet
+    with ckpts.commit(1, aliases=["epoch0"]) as path:
+        (path / "model.pt").write_bytes(b"w")
+    ckpts.remove_alias("best-so-far", missing_ok=True)
+    ckpts.remove_alias("epoch0", missing_ok=True)
+    assert ckpts.aliases(1) == []
+    with pytest.raises(CheckpointNotFoundError):
+        ckpts.remove_alias("epoch0")

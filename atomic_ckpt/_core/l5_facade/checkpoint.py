@@ -387,7 +387,13 @@ class CheckpointDir(Reading, TrainerOps):
             return []
         return [p.name for p in _delete.aliases_of(self._root, {name})]
 
-    def remove_alias(self, alias: str) -> None:
-        """Remove the alias ``alias``, durably (CheckpointNotFoundError if there is none);
+    def remove_alias(self, alias: str, *, missing_ok: bool = False) -> None:
+        """Remove the alias ``alias``, durably (CheckpointNotFoundError if there is none,
+        unless ``missing_ok``; a name there that is not a symlink is refused either way);
         the checkpoint it named is left alone."""
-        _delete.remove_alias(self._root, alias)
+        try:
+            _delete.remove_alias(self._root, alias)
+        except CheckpointNotFoundError:
+            if missing_ok and not os.path.lexists(self.root / alias):
+                return
+            raise
