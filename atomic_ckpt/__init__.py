@@ -61,7 +61,7 @@ from atomic_ckpt._core.l4_protocol.onefile import (
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l5_facade.asynchronous import AsyncCommitter
 from atomic_ckpt._core.l5_facade.checkpoint import CheckpointDir
-from atomic_ckpt._core.l5_facade.reading import VerifiedCheckpoint
+from atomic_ckpt._core.l5_facade.reading import ResumePlan, VerifiedCheckpoint
 from atomic_ckpt._version import __version__
 
 
@@ -111,6 +111,7 @@ __all__ = [
     "NewerFormatError",
     "NoSync",
     "NotDurableError",
+    "ResumePlan",
     "RetentionPolicy",
     "RootNotWritableError",
     "StagingLostError",

@@ -14,10 +14,12 @@ Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import operator
 import os
+import warnings
 from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from typing import Any, BinaryIO, Protocol, SupportsIndex
 
 import torch
 from safetensors.torch import load_model, save_model
+from safetensors.torch import save as save_bytes
 
 from atomic_ckpt import Checkpoint, CheckpointDir, VerifiedCheckpoint
 
@@ -318,27 +321,28 @@ def _load_pickle(f: BinaryIO, path: Path, device: str) -> dict[str, Any]:
     return state
 
 
-_DTYPES: dict[str, torch.dtype] = {
-    name: dtype
-    for name, dtype in (
-        ("F64", torch.float64),
-        ("F32", torch.float32),
-        ("F16", torch.float16),
-        ("BF16", torch.bfloat16),
-        ("I64", torch.int64),
-        ("I32", torch.int32),
-        ("I16", torch.int16),
-        ("I8", torch.int8),
-        ("U8", torch.uint8),
-        ("BOOL", torch.bool),
-        ("U16", getattr(torch, "uint16", None)),
-        ("U32", getattr(torch, "uint32", None)),
-        ("U64", getattr(torch, "uint64", None)),
-        ("F8_E4M3", getattr(torch, "float8_e4m3fn", None)),
-        ("F8_E5M2", getattr(torch, "float8_e5m2", None)),
-    )
-    if dtype is not None
-}
+@functools.cache
+def _dtypes() -> dict[str, torch.dtype]:
+    """safetensors' dtype names and the torch dtypes they hold, as the installed safetensors
+    writes them (never a hand list, which falls behind: issue 30 found C64 and the fnuz
+    float8s missing). Each dtype torch defines is saved once, one element, and the name
+    its header records taken; one it cannot save, or that packs several values in an
+    element (``F4``'s ``float4_e2m1fn_x2``), is left out."""
+    out: dict[str, torch.dtype] = {}
+    for value in vars(torch).values():
+        if not isinstance(value, torch.dtype):
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (complex32, quantized: "experimental")
+                data = save_bytes({"t": torch.zeros(1, dtype=value)})
+        except Exception:  # (any refusal means: not a dtype it stores)
+            continue
+        n = int.from_bytes(data[:8], "little")
+        info = json.loads(data[8 : 8 + n])["t"]
+        if info["shape"] == [1] and info["data_offsets"] == [0, value.itemsize]:
+            out.setdefault(info["dtype"], value)
+    return out
 
 
 def _safetensors_tensors(data: memoryview) -> dict[str, torch.Tensor]:
@@ -364,14 +368,24 @@ def _safetensors_tensors(data: memoryview) -> dict[str, torch.Tensor]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        known = _dtypes()
+        if (
+            isinstance(info, dict)
+            and isinstance(info.get("dtype"), str)
+            and (info["dtype"] not in known)
+        ):
+            raise ValueError(
+                f"safetensors entry {name!r} has dtype {info['dtype']!r}, which this "
+                f"torch and safetensors cannot load (they know {sorted(known)})"
+            )
         try:
-            dtype = _DTYPES[info["dtype"]]
+            dtype = known[info["dtype"]]
             shape = [int(d) for d in info["shape"]]
             start, stop = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"safetensors entry {name!r} is malformed: {info!r}") from None
         count = math.prod(shape)
-        size = count * torch.empty((), dtype=dtype).element_size()
+        size = count * dtype.itemsize
         if not 0 <= start <= stop <= end - base or stop - start != size:
             raise ValueError(f"safetensors entry {name!r} has offsets that do not fit")
         if count == 0:

@@ -36,6 +36,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "NamedCheckpoint",
         "NoSync",
         "NotDurableError",
+        "ResumePlan",
         "RetentionPolicy",
         "RootNotWritableError",
         "StagingLostError",

@@ -113,6 +113,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("path", metavar="PATH", help="the step directory, e.g. ckpts/1200")
     c.add_argument("--prefix", default="", help="step directory prefix, e.g. checkpoint-")
     c.add_argument(
+        "--require",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="files (paths inside PATH) a complete save holds: refuse the directory if one "
+        "is missing",
+    )
+    c.add_argument(
         "--no-check",
         action="store_true",
         help="adopt without checking safetensors headers, zip archives and JSON first",
@@ -236,6 +244,17 @@ def _mark_complete(args: argparse.Namespace) -> int:
             + (f" with prefix {args.prefix!r}" if args.prefix else " (use --prefix if it has one)")
         )
     ckpts = CheckpointDir(path.parent, prefix=args.prefix)
+    missing = [f for f in args.require if path.is_dir() and not os.path.lexists(path / f)]
+    if missing:
+        for f in missing:
+            print(f"  {f}: MISSING", file=sys.stderr)
+        print(
+            f"refused: {len(missing)} required file(s) missing from {path} "
+            f"({', '.join(missing)}), as a save cut short leaves it. Delete the directory "
+            "(the run can redo that save).",
+            file=sys.stderr,
+        )
+        return EXIT_NONE
     checks = [] if args.no_check or not path.is_dir() else ckpts.check_contents(step)
     broken = [c for c in checks if not c.ok]
     for c in checks:
@@ -249,7 +268,7 @@ def _mark_complete(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NONE  # like a failed verification: nothing complete there
-    ckpt = ckpts.mark_complete(step, check=not args.no_check)
+    ckpt = ckpts.mark_complete(step, check=not args.no_check, require=args.require)
     unchecked = sum(1 for c in checks if c.format is None)
     how = (
         " without checks (--no-check)"

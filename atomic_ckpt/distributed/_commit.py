@@ -19,6 +19,7 @@ from atomic_ckpt import (
     DistributedNotInitializedError,
     RetentionPolicy,
 )
+from atomic_ckpt._core.l1_names.names import step_of
 from atomic_ckpt.distributed._flush import Declared, flush_declared, marker_files, sweep_undeclared
 from atomic_ckpt.distributed._ranks import (
     _all_entered,
@@ -143,8 +144,9 @@ def rank0_commit(
 
     Enter it on every rank of ``group``: rank 0 gets the staging directory and commits
     it (``ckpts.commit``, or ``ckpts.commit_named`` when ``step`` is a name such as
-    ``"interrupted"``) when its block ends; the other ranks get None and, leaving the
-    block, wait until rank 0's commit is durable, so no rank goes on (or resumes)
+    ``"interrupted"``; a string naming a step, ``"4"`` or ``"checkpoint-4"``, is that step,
+    as for ``ckpts.staging``) when its block ends; the other ranks get None and, leaving
+    the block, wait until rank 0's commit is durable, so no rank goes on (or resumes)
     before the checkpoint exists. If rank 0's save fails, it raises its own error and
     the others a :class:`~atomic_ckpt.DistributedCommitError` naming it; if rank 0 dies
     or hangs, the others raise DistributedCommitError (at once for a lost connection,
@@ -163,6 +165,9 @@ def rank0_commit(
     with ``join`` as for ``ckpts.commit``.
     """
     target: int | str = step if isinstance(step, str) else operator.index(step)
+    if isinstance(target, str):  # "4" (and "checkpoint-4") is step 4, as everywhere
+        number_of = step_of(target, ckpts.prefix)
+        target = target if number_of is None else number_of
     name = target if isinstance(target, str) else None
     number = None if isinstance(target, str) else target
     key = (str(ckpts.root), target)

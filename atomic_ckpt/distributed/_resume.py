@@ -39,6 +39,7 @@ from atomic_ckpt import (
     VerificationError,
     VerifiedCheckpoint,
 )
+from atomic_ckpt._core.l1_names.names import not_one_string
 from atomic_ckpt._core.l3_formats import verify as _verify
 from atomic_ckpt.distributed._commit import DEFAULT_TIMEOUT, _single_process
 from atomic_ckpt.distributed._ranks import _coordination_group, _describe, _Ranks, raise_failures
@@ -263,6 +264,7 @@ def resume_verified(
     Without a process group (a single-process run) it is
     ``ckpts.resume_verified(read, fresh=fresh)``.
     """
+    not_one_string("read", read)
     if _single_process(group):
         return ckpts.resume_verified(read, fresh=fresh)
     ranks = _Ranks(_coordination_group(group, timeout), None, timeout)

@@ -68,6 +68,14 @@ def steps_that_are_not_plain_ints(ckpts: CheckpointDir, step: NumpyLikeInt) -> N
     with atomic_ckpt.commit(ckpts.root, step) as path:
         assert_type(path, Path)
     assert_type(ckpts.path_of(step), Path)
+    assert_type(ckpts.dir_of(step), Path)
+    assert_type(ckpts.dir_of("interrupted"), Path)
+    assert_type(ckpts.delete(step), Path)
+    assert_type(ckpts.delete("interrupted", missing_ok=True), Path | None)
+    assert_type(ckpts.mark_complete(step, require=["model.pt"]), Checkpoint)
+    assert_type(ckpts.resume_plan().resume(fresh=True), Checkpoint | None)
+    with ckpts.commit(step, replace_unusable=True) as replaced:
+        assert_type(replaced, Path)
     assert_type(ckpts.get(step), Checkpoint)
     assert_type(ckpts.verify(step), Checkpoint)
     assert_type(ckpts.mark_complete(step), Checkpoint)

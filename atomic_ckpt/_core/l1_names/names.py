@@ -105,6 +105,21 @@ def parse_step(name: str, prefix: str = "") -> int | None:
     return int(digits)
 
 
+def step_of(text: str, prefix: str = "") -> int | None:
+    """The step a user means by ``text``: a step's directory name (``checkpoint-5``) or
+    its number as ``ls`` shows it (``5``), whatever the prefix; None for anything else
+    (a checkpoint name: :func:`check_chosen_name` refuses both forms as names)."""
+    number = parse_step(text, prefix)
+    return number if number is not None or not prefix else parse_step(text)
+
+
+def not_one_string(what: str, value: object, of: str = "paths") -> None:
+    """TypeError if ``value``, given for the collection ``what``, is one string: iterated,
+    it would be taken for a set of one-character ``of``."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what} must be a collection of {of}, not one string: pass [{value!r}]")
+
+
 def is_marker_name(name: str) -> bool:
     """The marker, or one of its temporary names (left out of a manifest's file list)."""
     return name == MARKER or name.startswith(MARKER_TMP_PREFIX)

@@ -9,13 +9,16 @@ here are reported as unchecked. Read-only; every file is opened without followin
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import stat
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Literal, NamedTuple
+from typing import BinaryIO, Literal, NamedTuple, cast
 
 from atomic_ckpt._core.l1_names.names import is_marker_name
 from atomic_ckpt._core.l3_formats.tree import walk
@@ -23,10 +26,51 @@ from atomic_ckpt._core.l3_formats.tree import walk
 _ZIP_MAGIC = b"PK\x03\x04"
 _ZIP_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".zip")
 _MAX_HEADER = 100 << 20
-_DTYPE_SIZES = {
-    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-    "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+# The safetensors format's dtypes and their bits per element, for when the safetensors
+# package is not installed to ask (:func:`_dtype_bits`); as of safetensors 0.8.
+_FORMAT_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8,
+    "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16,
+    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64,
+    "I64": 64, "U64": 64,
 }  # fmt: skip
+
+
+def _tiny(dtype: str, count: int, nbytes: int) -> bytes:
+    header = json.dumps({"t": {"dtype": dtype, "shape": [count], "data_offsets": [0, nbytes]}})
+    raw = header.encode()
+    return struct.pack("<Q", len(raw)) + raw + bytes(nbytes)
+
+
+@functools.cache
+def _dtype_bits() -> dict[str, int]:
+    """Each safetensors dtype name and its bits per element, asked of the installed
+    safetensors (its parser lists the names it accepts when given one it does not, and
+    accepts 8 elements of a dtype in exactly ``bits`` bytes), so that a dtype a newer
+    safetensors writes is checked rather than called damaged; the format's table as of
+    0.8 where safetensors is not installed or does not answer."""
+    try:
+        import safetensors
+    except ImportError:
+        return dict(_FORMAT_BITS)
+    parse = cast("Callable[[bytes], object]", safetensors.deserialize)
+    try:
+        parse(_tiny("?", 1, 1))
+    except Exception as exc:  # (its error type is private to the package)
+        listed = str(exc).partition("expected one of")[2]
+        names = re.findall(r"`([A-Za-z0-9_]+)`", listed.partition(" at line")[0])
+    else:
+        names = []
+    out = dict(_FORMAT_BITS)
+    for name in names:
+        for nbytes in range(1, 65):
+            try:
+                parse(_tiny(name, 8, nbytes))
+            except Exception:  # (refused: not this width)
+                continue
+            out[name] = nbytes
+            break
+    return out
 
 
 class FileCheck(NamedTuple):
@@ -93,12 +137,13 @@ def _safetensors(f: BinaryIO, head: bytes, size: int) -> str | None:
             continue
         try:
             start, stop = (int(o) for o in info["data_offsets"])
-            extent = _DTYPE_SIZES[info["dtype"]]
+            bits = _dtype_bits().get(info["dtype"])  # None: a dtype not known here
+            extent = bits
             for d in info["shape"]:
-                extent *= int(d)
-        except (KeyError, TypeError, ValueError):
+                extent = None if extent is None else extent * int(d)
+        except (KeyError, TypeError, ValueError, AttributeError):
             return f"tensor {name!r} has a malformed header entry"
-        if not 0 <= start <= stop or stop - start != extent:
+        if not 0 <= start <= stop or (extent is not None and (stop - start) * 8 != extent):
             return f"tensor {name!r} has offsets that disagree with its dtype and shape"
         end = max(end, stop)
     if 8 + n + end != size:

@@ -66,6 +66,8 @@ class Entry:
     or broken), ``invalid`` (a marker that is not a manifest, see ``problem``) or
     ``staging`` (a save in progress or its leftovers; ``step`` may be None).
     ``newer_format``: invalid only because a newer atomic_ckpt wrote its marker.
+    ``moved``: invalid only because its complete manifest records another step (or
+    none: a named checkpoint), as a checkpoint moved or copied there by hand has.
     """
 
     name: str
@@ -75,6 +77,7 @@ class Entry:
     manifest: Manifest | None = None
     problem: str | None = None
     newer_format: bool = False
+    moved: bool = False
 
 
 # ---------------------------------------------------------------- one marker
@@ -193,7 +196,8 @@ def classify(path: Path, step: int, *, body: bool = True) -> Entry:
         # Moved or copied here by hand: not what was committed as this step. A hand copy
         # cut short may hold the marker and only some files, so only a manifest recording
         # this very step makes it complete (an empty legacy marker records nothing).
-        return Entry(path.name, path, step, "invalid", problem=moved_by_hand(manifest, step))
+        why = moved_by_hand(manifest, step)
+        return Entry(path.name, path, step, "invalid", problem=why, moved=True)
     return Entry(path.name, path, step, "complete", manifest=manifest)
 
 
@@ -203,7 +207,8 @@ def moved_by_hand(manifest: Manifest, step: int | None) -> str:
     if manifest.step is None:
         return (
             "its manifest records no step: it is a named checkpoint moved or copied here "
-            "by hand; move it back to its name and use promote_named(), which makes it "
+            "by hand; move it back to its name (mv it to NAME, e.g. interrupted) and run "
+            f"`atomic-ckpt promote ROOT NAME {step}` (promote_named()), which makes it "
             f"step {step} atomically"
         )
     if step is None:

@@ -4,8 +4,10 @@ without a rename, where the marker's own rename is the commit point."""
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import SupportsIndex
 
@@ -15,7 +17,12 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER_TMP_PREFIX, is_marker_name, new_token
+from atomic_ckpt._core.l1_names.names import (
+    MARKER_TMP_PREFIX,
+    is_marker_name,
+    new_token,
+    not_one_string,
+)
 from atomic_ckpt._core.l3_formats.contents import check_contents
 from atomic_ckpt._core.l3_formats.manifest import Manifest
 from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
@@ -24,7 +31,9 @@ from atomic_ckpt._core.l4_protocol.root import Root, check_step
 from atomic_ckpt._version import __version__
 
 
-def adopt(root: Root, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
+def adopt(
+    root: Root, step: SupportsIndex, *, check: bool = True, require: Collection[str] = ()
+) -> Checkpoint:
     """``mark_complete``: write a manifest marker into a directory written without us.
 
     With ``check`` (the default), the files whose formats can be checked without their
@@ -33,9 +42,13 @@ def adopt(root: Root, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
     wrong: a legacy save torn by a kill is not adopted as complete. The tree is fsynced
     and hashed outside the root lock (it may be large, and a concurrent commit must not
     time out waiting); the marker is written under it, after checking that the
-    directory is still the one that was hashed.
+    directory is still the one that was hashed. ``require`` (paths relative to the
+    directory, checked whatever ``check`` says) are entries a complete save holds: one
+    missing refuses the directory with a VerificationError naming each.
     """
     step = check_step(step)
+    not_one_string("require", require)
+    required = [_inside(p) for p in require]
     path = root.path / root.name_of(step)
     try:
         before = os.lstat(path)
@@ -48,6 +61,17 @@ def adopt(root: Root, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
             f"{path} is not a directory: only a checkpoint directory can be marked",
             path=path,
             step=step,
+        )
+    missing = [rel for rel in required if not os.path.lexists(path / rel)]
+    if missing:
+        problems = tuple(f"{path / rel}: missing" for rel in missing)
+        raise VerificationError(
+            f"refusing to mark {path} complete: {len(missing)} required file(s) are "
+            "missing:\n  " + "\n  ".join(problems) + "\nA save that was cut short leaves "
+            "files out: if the run that wrote it can redo the save, delete the directory",
+            path=path / missing[0],
+            step=step,
+            problems=problems,
         )
     existing = _valid_manifest(path)
     if existing is not None:
@@ -99,6 +123,13 @@ def adopt(root: Root, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
         # The directory's own entry in the root: a legacy writer may have just made it.
         root.sync.root(root.path)
     return Checkpoint(step, path, manifest)
+
+
+def _inside(path: str | os.PathLike[str]) -> str:
+    rel = posixpath.normpath(os.fspath(path).replace(os.sep, "/"))
+    if rel.startswith(("/", "../")) or rel in (".", ".."):
+        raise ValueError(f"require= takes paths inside the checkpoint, got {path!r}")
+    return rel
 
 
 def _valid_manifest(path: Path) -> Manifest | None:

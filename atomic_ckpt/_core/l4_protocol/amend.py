@@ -37,7 +37,13 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, MARKER_TMP_PREFIX, is_marker_name, new_token
+from atomic_ckpt._core.l1_names.names import (
+    MARKER,
+    MARKER_TMP_PREFIX,
+    is_marker_name,
+    new_token,
+    not_one_string,
+)
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
@@ -59,8 +65,7 @@ def amend(
     """See :meth:`CheckpointDir.amend <atomic_ckpt.CheckpointDir.amend>`."""
     step = check_step(step)
     extra = check_metadata(metadata)
-    if isinstance(remove, str):
-        raise TypeError("remove must be a collection of paths, not one string")
+    not_one_string("remove", remove)
     gone = {_relative(p) for p in remove}
     base = _delete.require_complete(root, step)  # only a committed checkpoint is amended
     if base.manifest.legacy:

@@ -7,11 +7,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Collection
+from pathlib import Path
 from typing import SupportsIndex
 
-from atomic_ckpt._core.l1_names.names import MARKER
+from atomic_ckpt._core.l1_names.errors import ManifestError, NewerFormatError, StepConflictError
+from atomic_ckpt._core.l1_names.names import MARKER, not_one_string
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l3_formats.manifest import check_metadata
+from atomic_ckpt._core.l3_formats.read import moved_by_hand, read_marker
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.commit import Commit
@@ -29,6 +32,7 @@ def begin(
     retain: RetentionPolicy | None = None,
     aliases: Collection[str] = (),
     replace_aliases: bool = False,
+    replace_unusable: bool = False,
 ) -> Commit:
     """Steps 1 and 2 of the protocol for ``step``: take a staging lock, create the staging dir."""
     step = check_step(step)
@@ -41,6 +45,7 @@ def begin(
         retain=retain,
         aliases=aliases,
         replace_aliases=replace_aliases,
+        replace_unusable=replace_unusable,
     )
 
 
@@ -53,22 +58,17 @@ def begin_as(
     retain: RetentionPolicy | None = None,
     aliases: Collection[str] = (),
     replace_aliases: bool = False,
+    replace_unusable: bool = False,
 ) -> Commit:
     """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
-    if isinstance(aliases, str):
-        raise TypeError("aliases must be a collection of names, not one string")
+    not_one_string("aliases", aliases, "names")
     alias_list = [_delete.check_alias(root, a) for a in aliases]
     meta = check_metadata(metadata)
     root.ensure()
     final = root.path / name
     _stage.check_target(final, step)
-    if os.path.isdir(final) and _stage.read_marker_or_none(final) is None:
-        log.warning(
-            "committing over %s, which has no %s marker (written before atomic_ckpt, or by "
-            "a save that crashed): the new checkpoint replaces it",
-            final,
-            MARKER,
-        )
+    if os.path.isdir(final):
+        check_replaceable(final, step, replace=replace_unusable)
     # 1. The staging lock first, then the directory: clean() never sees a live save
     #    unlocked.
     staging, lock = _stage.make_staging(root, name)
@@ -92,3 +92,46 @@ def begin_as(
         except OSError as cleanup:
             exc.add_note(f"atomic_ckpt: removing {lock.path} also failed: {cleanup!r}")
         raise
+
+
+def check_replaceable(final: Path, step: int | None, *, replace: bool) -> None:
+    """Refuse to commit over a checkpoint at ``final`` that this release must not lose
+    unless ``replace``: one a newer atomic_ckpt wrote (a marker format version above this
+    one's) or a complete checkpoint moved there by hand (its manifest names another step,
+    or none: ``mv interrupted 5``). What has no marker, or one that cannot be read, is
+    replaced with a warning saying so, as a save that crashed leaves it."""
+    try:
+        manifest = read_marker(final, body=False)
+    except NewerFormatError as exc:
+        what = f"a checkpoint a newer atomic_ckpt wrote: its marker is {exc}"
+    except (ManifestError, OSError) as exc:
+        log.warning(
+            "committing over %s, whose %s marker cannot be read (%s): the new checkpoint "
+            "replaces it",
+            final,
+            MARKER,
+            exc,
+        )
+        return
+    else:
+        if manifest is None:
+            log.warning(
+                "committing over %s, which has no %s marker (written before atomic_ckpt, or "
+                "by a save that crashed): the new checkpoint replaces it",
+                final,
+                MARKER,
+            )
+            return
+        if manifest.legacy or manifest.step == step:
+            return  # this step's own checkpoint: a commit replaces it
+        what = (
+            f"a complete checkpoint moved or copied there by hand: {moved_by_hand(manifest, step)}"
+        )
+    if not replace:
+        raise StepConflictError(
+            f"{final} holds {what}. A commit there would replace it and lose it; move it "
+            "away first, or pass replace_unusable=True to replace it knowingly",
+            path=final,
+            step=step,
+        )
+    log.warning("committing over %s (replace_unusable=True), which holds %s", final, what)

@@ -8,11 +8,12 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
-from atomic_ckpt._core.l1_names.names import parse_step
+from atomic_ckpt._core.l1_names.names import step_of
 from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l4_protocol import amend as _amend
 from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import named as _named
 from atomic_ckpt._core.l4_protocol.named import NamedCheckpoint
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
@@ -29,18 +30,36 @@ class TrainerOps:
 
         For a save spread over several functions: each finds where to write from
         the step alone, without passing the commit around (or joins it:
-        ``commit(step, join=True)``).
+        ``commit(step, join=True)``). :meth:`dir_of` falls back to the committed
+        directory. A step may be given as ``ls`` shows it (``"5"``, or
+        ``"checkpoint-5"`` with that prefix), as everywhere a step or a name is taken.
         """
         commit = _commit.open_commit(self._root, self._target(step)[1])
         return None if commit is None else commit.path
 
+    def dir_of(self, step: SupportsIndex | str) -> Path:
+        """Where ``step``'s files are now: the staging directory of this process's open
+        commit of ``step`` (or of the named checkpoint ``step``), else its committed
+        directory; CheckpointNotFoundError if neither is there.
+
+        ``staging(step) or path_of(step)`` for steps and names alike, without a path that
+        holds nothing: a part saved, or read back, by a function that may run inside the
+        save of its step or after it.
+        """
+        number, name = self._target(step)
+        commit = _commit.open_commit(self._root, name)
+        if commit is not None:
+            return commit.path
+        if number is None:
+            return _named.get(self._root, name).path
+        return _delete.require_complete(self._root, number).path
+
     def _target(self, step: SupportsIndex | str) -> tuple[int | None, str]:
-        """(step, directory name) of a step, a step's name (``"5"``, ``"checkpoint-5"``),
-        or a checkpoint name (step None; the name checked)."""
+        """(step, directory name) of a step, a step's name (``"5"``, or ``"checkpoint-5"``
+        in a ``checkpoint-`` root: both as ``ls`` shows it), or a checkpoint name (step
+        None; the name checked). No checkpoint name is a step name, so none is ambiguous."""
         if isinstance(step, str):
-            number = parse_step(step, self._root.prefix)
-            if number is None:
-                number = parse_step(step) if not self._root.prefix else None
+            number = step_of(step, self._root.prefix)
             if number is None:
                 return None, _named.check_name(self._root, step)
             step = number
@@ -77,6 +96,7 @@ class TrainerOps:
         metadata: Mapping[str, Any] | None = None,
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
+        replace_unusable: bool = False,
     ) -> _commit.Commit:
         """:meth:`begin` for a named checkpoint: the handle's ``finish()`` (or leaving it as
         a context manager) commits ``root/<name>/``; ``abort()`` gives it up."""
@@ -87,6 +107,7 @@ class TrainerOps:
             metadata=metadata,
             aliases=aliases,
             replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         )
 
     @contextlib.contextmanager
@@ -99,10 +120,11 @@ class TrainerOps:
         replace_aliases: bool = False,
         join: bool = False,
         carry: Mapping[str, int | str] | None = None,
+        replace_unusable: bool = False,
     ) -> Iterator[Path]:
         """Commit a named checkpoint (``root/<name>/``, e.g. ``interrupted``) with the same
         protocol as a step. ``latest()`` and ``steps()`` never count it. ``aliases``,
-        ``replace_aliases``, ``join`` and ``carry`` as for
+        ``replace_aliases``, ``join``, ``carry`` and ``replace_unusable`` as for
         :meth:`~atomic_ckpt.CheckpointDir.commit`."""
         if join:
             outer = _commit.open_commit(self._root, _named.check_name(self._root, name))
@@ -112,7 +134,11 @@ class TrainerOps:
                     yield path
                 return
         handle = self.begin_named(
-            name, metadata=metadata, aliases=aliases, replace_aliases=replace_aliases
+            name,
+            metadata=metadata,
+            aliases=aliases,
+            replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         )
         try:
             _commit.carry_all(handle, carry)

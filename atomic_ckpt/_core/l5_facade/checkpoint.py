@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, SupportsIndex
+from typing import Any, Literal, SupportsIndex, overload
 
-from atomic_ckpt._core.l1_names.errors import (
-    InvalidRootError,
-)
-from atomic_ckpt._core.l1_names.names import check_prefix, is_marker_name
+from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, InvalidRootError
+from atomic_ckpt._core.l1_names.names import check_prefix, is_marker_name, not_one_string
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.sync import NoSync, SyncPolicy
 from atomic_ckpt._core.l3_formats.contents import FileCheck, check_contents
@@ -156,6 +155,7 @@ class CheckpointDir(Reading, TrainerOps):
         with :attr:`checksum`; directories are fsynced (not their contents); symlinks
         are recorded, never followed. Returns their manifest entries sorted by path.
         """
+        not_one_string("paths", paths)
         return sync_files(
             Path(directory),
             paths,
@@ -184,12 +184,14 @@ class CheckpointDir(Reading, TrainerOps):
         retain: RetentionPolicy | None = None,
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
+        replace_unusable: bool = False,
     ) -> Commit:
         """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
 
         Write into ``commit.path``, then call ``commit.publish()`` (or
         ``commit.abort()``); or use the handle as a context manager. For code that
         cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
+        ``replace_unusable`` as for :meth:`commit`.
         """
         return _begin.begin(
             self._root,
@@ -198,6 +200,7 @@ class CheckpointDir(Reading, TrainerOps):
             retain=retain,
             aliases=aliases,
             replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         )
 
     @contextlib.contextmanager
@@ -211,6 +214,7 @@ class CheckpointDir(Reading, TrainerOps):
         replace_aliases: bool = False,
         join: bool = False,
         carry: Mapping[str, int | str] | None = None,
+        replace_unusable: bool = False,
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
 
@@ -224,6 +228,13 @@ class CheckpointDir(Reading, TrainerOps):
         promotion; deleting the step removes them. ``replace_aliases=True`` makes them
         the step's only aliases: those naming the step's older save are removed
         (durably, just before the promotion), so no label outlives the save it named.
+
+        A step directory that holds a checkpoint this release must not lose is refused
+        (:class:`~atomic_ckpt.StepConflictError`, before anything is written): one a
+        newer atomic_ckpt wrote (a newer marker format version), or a complete checkpoint
+        moved or copied there by hand (``mv interrupted 5``: make it the step with
+        ``atomic-ckpt promote`` instead). ``replace_unusable=True`` replaces it knowingly
+        (logged). A directory without a marker is replaced with a warning, as before.
 
         ``join=True``: if this process already has an open commit of ``step`` (an outer
         ``commit``/``begin`` further up the stack, or in another thread), yield its
@@ -252,21 +263,28 @@ class CheckpointDir(Reading, TrainerOps):
             retain=retain,
             aliases=aliases,
             replace_aliases=replace_aliases,
+            replace_unusable=replace_unusable,
         ) as handle:
             _commit.carry_all(handle, carry)
             yield handle.path
 
-    def mark_complete(self, step: SupportsIndex, *, check: bool = True) -> Checkpoint:
+    def mark_complete(
+        self, step: SupportsIndex, *, check: bool = True, require: Collection[str] = ()
+    ) -> Checkpoint:
         """Adopt an existing directory written without this library.
 
-        Checks what can be checked without the writer first (see :meth:`check_contents`)
+        ``require`` names the files (or directories; paths relative to the step's) that
+        a complete save of its writer holds: a directory missing one is refused with a
+        :class:`~atomic_ckpt.VerificationError` listing each missing path (always, also
+        with ``check=False``, and also where the directory is already marked).
+        Checks what can be checked without the writer (see :meth:`check_contents`)
         and refuses a directory whose files fail, with a
         :class:`~atomic_ckpt.VerificationError` naming each (``check=False`` adopts it
         anyway). Then fsyncs its files, writes a manifest marker (replacing a legacy
         empty one), and fsyncs the directory. A directory that already has a manifest
         is returned unchanged.
         """
-        return _adopt.adopt(self._root, step, check=check)
+        return _adopt.adopt(self._root, step, check=check, require=require)
 
     def check_contents(self, step: SupportsIndex) -> list[FileCheck]:
         """What can be checked of step ``step``'s files without their writer: safetensors
@@ -338,7 +356,17 @@ class CheckpointDir(Reading, TrainerOps):
         durably (CheckpointNotFoundError if it is not complete)."""
         return _delete.set_best(self._root, check_step(step))
 
-    def delete(self, step: SupportsIndex | str, *, force: bool = False) -> Path:
+    @overload
+    def delete(
+        self, step: SupportsIndex | str, *, force: bool = False, missing_ok: Literal[False] = False
+    ) -> Path: ...
+    @overload
+    def delete(
+        self, step: SupportsIndex | str, *, force: bool = False, missing_ok: bool
+    ) -> Path | None: ...
+    def delete(
+        self, step: SupportsIndex | str, *, force: bool = False, missing_ok: bool = False
+    ) -> Path | None:
         """Delete the complete checkpoint of ``step`` (or the named checkpoint ``step``,
         a string that is not a step) durably; return its path.
 
@@ -346,11 +374,19 @@ class CheckpointDir(Reading, TrainerOps):
         its files are removed, the marker first; its aliases go too. The step
         ``checkpoint_best`` names is refused (StepConflictError) unless ``force``,
         which removes the pointer as well. The latest step may be deleted.
+        Nothing there is CheckpointNotFoundError, or with ``missing_ok=True`` (as for
+        ``Path.unlink``) returns None; a directory there that is not a complete
+        checkpoint is CheckpointNotFoundError either way.
         """
         number, name = self._target(step)
-        if number is None:
-            return _delete.delete_named(self._root, name)
-        return _delete.delete(self._root, number, force=force)
+        try:
+            if number is None:
+                return _delete.delete_named(self._root, name)
+            return _delete.delete(self._root, number, force=force)
+        except CheckpointNotFoundError:
+            if missing_ok and not os.path.lexists(self.root / name):
+                return None
+            raise
 
     def aliases(self, step: SupportsIndex | str) -> list[str]:
         """The aliases (symlinks in the root) naming ``step``'s checkpoint (or the named
@@ -360,7 +396,13 @@ class CheckpointDir(Reading, TrainerOps):
             return []
         return [p.name for p in _delete.aliases_of(self._root, {name})]
 
-    def remove_alias(self, alias: str) -> None:
-        """Remove the alias ``alias``, durably (CheckpointNotFoundError if there is none);
+    def remove_alias(self, alias: str, *, missing_ok: bool = False) -> None:
+        """Remove the alias ``alias``, durably (CheckpointNotFoundError if there is none,
+        unless ``missing_ok``; a name there that is not a symlink is refused either way);
         the checkpoint it named is left alone."""
-        _delete.remove_alias(self._root, alias)
+        try:
+            _delete.remove_alias(self._root, alias)
+        except CheckpointNotFoundError:
+            if missing_ok and not os.path.lexists(self.root / alias):
+                return
+            raise

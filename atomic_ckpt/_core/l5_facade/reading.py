@@ -18,7 +18,7 @@ from atomic_ckpt._core.l1_names.errors import (
     UnusableCheckpointsError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER
+from atomic_ckpt._core.l1_names.names import MARKER, not_one_string
 from atomic_ckpt._core.l3_formats import read as _read
 from atomic_ckpt._core.l3_formats import verify as _verify
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
@@ -33,6 +33,28 @@ class VerifiedCheckpoint(NamedTuple):
 
     checkpoint: Checkpoint
     files: Mapping[str, memoryview]
+
+
+class ResumePlan(NamedTuple):
+    """What a resume found, scanned once (:meth:`CheckpointDir.resume_plan`), and the
+    decision to resume or to start over, taken later, where the resume happens.
+
+    ``checkpoint``: the one to resume from, or None. ``refusal``: the error a resume
+    raises there (:class:`~atomic_ckpt.UnusableCheckpointsError` or a subclass), or None.
+    """
+
+    checkpoint: Checkpoint | None
+    refusal: UnusableCheckpointsError | None
+
+    def resume(self, *, fresh: bool = False) -> Checkpoint | None:
+        """The checkpoint to resume from, or None to start from scratch: what
+        :meth:`CheckpointDir.resume_point` with the same ``fresh`` returns or raises.
+        ``fresh=True`` starts over deliberately where nothing can be resumed from, over
+        step directories that are unusable; it never skips a checkpoint that is there
+        (a newer or a moved one above it is refused, ``fresh`` or not)."""
+        if self.refusal is not None and (self.checkpoint is not None or not fresh):
+            raise self.refusal
+        return self.checkpoint
 
 
 PathLike = str | os.PathLike[str]
@@ -91,11 +113,27 @@ class Reading:
         Resuming from an older checkpoint below ones a newer atomic_ckpt wrote (a newer
         marker format version) is refused too, ``fresh`` or not:
         :class:`~atomic_ckpt.NewerCheckpointsError` (upgrade, or move them away), since
-        the job would train over them and replace them at their step. Other incomplete
-        steps above the one found are skipped with a warning, as by :meth:`latest`.
+        the job would train over them and replace them at their step; so is resuming below
+        a complete checkpoint moved or copied by hand to a step's name (``mv interrupted
+        5``: :class:`~atomic_ckpt.UnusableCheckpointsError` naming ``atomic-ckpt promote``,
+        the supported way to make a named checkpoint a step). Other incomplete steps
+        above the one found are skipped with a warning, as by :meth:`latest`.
         """
         found = self._resume(verify=verify, fresh=fresh, read=())
         return None if found is None else found.checkpoint
+
+    def resume_plan(self, *, verify: bool = False) -> ResumePlan:
+        """:meth:`resume_point`, its decision left to the caller: the root is scanned now
+        (``verify`` as there), and nothing is raised until ``plan.resume(fresh=...)``,
+        which returns or raises what ``resume_point(fresh=...)`` would have.
+
+        For a trainer that looks at its checkpoints when it is built (to log what it
+        will resume from, say) and learns only later whether this run resumes or starts
+        over: the refusal to train over unusable checkpoints then comes from the call
+        that decides, with the switch it was given.
+        """
+        found, refusal = self._scan(verify=verify, read=())
+        return ResumePlan(None if found is None else found.checkpoint, refusal)
 
     def resume_verified(
         self, read: Collection[str], *, fresh: bool = False, verifier: Verifier | None = None
@@ -116,6 +154,7 @@ class Reading:
         to pass the candidate over (other errors propagate).
         :func:`atomic_ckpt.distributed.resume_verified` splits the work among ranks so.
         """
+        not_one_string("read", read)
         return self._resume(verify=True, fresh=fresh, read=frozenset(read), verifier=verifier)
 
     def _newest(
@@ -152,6 +191,16 @@ class Reading:
     def _resume(
         self, *, verify: bool, fresh: bool, read: Collection[str], verifier: Verifier | None = None
     ) -> VerifiedCheckpoint | None:
+        found, refusal = self._scan(verify=verify, read=read, verifier=verifier)
+        if refusal is not None and (found is not None or not fresh):
+            raise refusal
+        return found
+
+    def _scan(
+        self, *, verify: bool, read: Collection[str], verifier: Verifier | None = None
+    ) -> tuple[VerifiedCheckpoint | None, UnusableCheckpointsError | None]:
+        """The checkpoint to resume from, and the error a resume raises (with it, always;
+        without one, unless ``fresh``)."""
         rejected: list[tuple[Path, str]] = []
         skipped: list[Entry] = []
         found = self._newest(
@@ -159,9 +208,12 @@ class Reading:
         )
         newer = [e for e in skipped if e.newer_format]
         if found is not None and newer:
-            raise self._newer_error(found.checkpoint, newer)
-        if found is not None or fresh:
-            return found
+            return found, self._newer_error(found.checkpoint, newer)
+        moved = [e for e in skipped if e.moved]
+        if found is not None and moved:
+            return found, self._moved_error(found.checkpoint, moved)
+        if found is not None:
+            return found, None
         reasons = dict(rejected)  # passed over by the verify
         listed: list[tuple[Path, str]] = []
         unmarked: list[Path] = []
@@ -176,11 +228,9 @@ class Reading:
                 unmarked.append(e.path)
         listed += reasons.items()  # (gone since: still, none of them could be used)
         if len(unmarked) == len(listed):
-            if unmarked:
-                raise self._unmarked_error(tuple(unmarked))
-            return None
+            return None, self._unmarked_error(tuple(unmarked)) if unmarked else None
         problems = tuple(f"{p}: {reason}" for p, reason in listed)
-        raise UnusableCheckpointsError(
+        return None, UnusableCheckpointsError(
             f"{self._root.path} holds {len(listed)} step directories but none to resume from; "
             "starting from scratch would train over them and replace them:\n  "
             + "\n  ".join(problems)
@@ -202,6 +252,19 @@ class Reading:
             "move them out of the root to resume from the older one",
             path=self._root.path,
             paths=tuple(e.path for e in newer),
+            problems=problems,
+        )
+
+    def _moved_error(self, found: Checkpoint, moved: list[Entry]) -> UnusableCheckpointsError:
+        problems = tuple(f"{e.path}: {e.problem}" for e in moved)
+        return UnusableCheckpointsError(
+            f"{self._root.path} holds {len(moved)} complete checkpoint(s) above step "
+            f"{found.step} under a name that is not theirs (moved or copied there by "
+            "hand):\n  " + "\n  ".join(problems) + f"\nResuming from step {found.step} "
+            "would skip them and train over them. Move each back to its own name; make a "
+            "named one a step with `atomic-ckpt promote ROOT NAME STEP`",
+            path=self._root.path,
+            paths=tuple(e.path for e in moved),
             problems=problems,
         )
 

@@ -136,12 +136,18 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Load ``path`` (after every queued save), with ``weights_only=True`` by default;
-        with ``verify_on_load``, only if it matches the checksum it carries."""
+        with ``verify_on_load``, only if it matches the checksum it carries. A ``path``
+        that is a symlink (``last.ckpt`` of ``save_last="link"``) loads the file it names."""
         if self.async_save:
             self._refuse_unordered_links()  # a resumed fit: before it trains
         self.wait()
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        if self.verify_on_load:
+            # The file a link names (``last.ckpt`` of save_last="link", or a user's own):
+            # verified and loaded by its real path, since the check opens without following
+            # a link. Only the path given is resolved: inside a checkpoint, none is followed.
+            path = os.path.realpath(path)
         with _checked.verified(path) if self.verify_on_load else contextlib.nullcontext():
             # Verified: loaded by name while the mapping it was hashed through is held, so
             # its pages come from memory (a file object over the mapping copies: slower).
