@@ -56,9 +56,9 @@ def _root(c: CheckpointDir) -> str:
 
 CLI_ACTIONS: tuple[Action, ...] = (
     _like("cli_promote", "promote_named", _cli("promote", _root, "interrupted", "1")),
-    # rm names the step by its directory name: a bare number is refused in a prefixed
-    # root (issue 30 item 12, kept as a strict xfail in test_model_check.py).
-    _like("cli_rm", "delete_step", _cli("rm", _root, lambda c: c.path_of(1).name)),
+    # rm names the step as a user types it, a bare number, in a prefixed root too (issue
+    # 30 item 12).
+    _like("cli_rm", "delete_step", _cli("rm", _root, "1")),
     _like("cli_prune", "prune", _cli("prune", _root, "--keep-last", "1")),
     _like("cli_clean", "clean", _cli("clean", _root)),
     _like(

@@ -167,7 +167,6 @@ def test_a_block_joined_from_another_thread_is_waited_for() -> None:
     assert outcome.ok, str(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 12: `rm ROOT 1 --prefix` refuses step 1")
 def test_the_cli_removes_a_step_given_by_number_in_a_prefixed_root(tmp_path: Path) -> None:
     """`atomic-ckpt rm ROOT 1 --prefix checkpoint-` deletes step 1, as `ls` shows it."""
     from atomic_ckpt.cli.main import main
