@@ -15,6 +15,7 @@ from atomic_ckpt._core.l3_formats.manifest import check_metadata
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.commit import Commit
+from atomic_ckpt._core.l4_protocol.joining import check_own_aliases
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 
@@ -58,6 +59,7 @@ def begin_as(
     if isinstance(aliases, str):
         raise TypeError("aliases must be a collection of names, not one string")
     alias_list = [_delete.check_alias(root, a) for a in aliases]
+    check_own_aliases(name, alias_list)
     meta = check_metadata(metadata)
     root.ensure()
     final = root.path / name
