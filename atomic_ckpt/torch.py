@@ -13,6 +13,7 @@ Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import operator
@@ -128,16 +129,22 @@ def load_state(
     Pickled state is loaded with ``weights_only=True``, on a second thread while the
     model file is read. Raises FileNotFoundError if the checkpoint lacks a file for an
     object you passed. Given a :class:`~atomic_ckpt.VerifiedCheckpoint` (from
-    ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), the model is loaded
-    from the very mapping it was hashed through, and the other files while their
-    mappings keep those pages in memory: each byte comes from storage once.
+    ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), every file is loaded
+    from the very mapping it was hashed through, never by its path (which may hold
+    another save by now): each byte comes from storage once, and only verified bytes
+    are loaded. A file the load needs that the VerifiedCheckpoint did not keep is a
+    ValueError naming it.
     """
+    names = _pickled(optimizer, scheduler)
     if isinstance(checkpoint, VerifiedCheckpoint):
         path, read = checkpoint.checkpoint.path, checkpoint.files
+        _require_views(read, [MODEL_FILE, STATE_FILE, *names], path)
+        pickles = _Pickles(path, names, device, views=read)
     else:
         path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
         read = {}
-    with _Pickles(path, _pickled(optimizer, scheduler), device) as pickles:
+        pickles = _Pickles(path, names, device)
+    with pickles:
         return _load(
             path,
             read,
@@ -205,6 +212,18 @@ def resume(
     )
 
 
+def _require_views(read: Mapping[str, memoryview], names: Collection[str], path: Path) -> None:
+    """ValueError unless the verified views hold every file of ``names``: a verified
+    load never falls back to reading a path it did not hash."""
+    lacking = [n for n in names if n not in read]
+    if lacking:
+        raise ValueError(
+            f"the verified checkpoint {path} kept no verified bytes of {', '.join(lacking)}: "
+            "a verified load reads only what it hashed. Pass those files (or STATE_FILES) "
+            "to resume_verified(), or load the Checkpoint unverified"
+        )
+
+
 def _pickled(optimizer: _Stateful | None, scheduler: _Stateful | None) -> list[str]:
     """The ``torch.save`` files a load of these objects needs."""
     return [n for n, o in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)) if o]
@@ -251,11 +270,24 @@ class _Pickles:
     the thread (a result nobody asked for is dropped, its error too).
     """
 
-    def __init__(self, directory: Path, names: Collection[str], device: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        names: Collection[str],
+        device: str,
+        *,
+        views: Mapping[str, memoryview] | None = None,
+    ) -> None:
         self._files: dict[str, BinaryIO] = {}
         self._futures: dict[str, Future[dict[str, Any]]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="atomic_ckpt-load")
         for name in names:
+            if views is not None:  # verified: from the views hashed, never the path
+                reader = _ViewReader(views[name])
+                self._futures[name] = self._pool.submit(
+                    _load_pickle, reader, directory / name, device
+                )
+                continue
             try:
                 # Never through a symlink: a verify maps regular files only.
                 fd = os.open(directory / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -297,13 +329,45 @@ class _Pickles:
             f.close()
 
 
+class _ViewReader(io.RawIOBase):
+    """A read-only file over a memoryview (the mapping a verify hashed): what ``torch.load``
+    reads verified bytes through, copying only what it asks for."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view.cast("B") if view.format != "B" else view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        chunk = self._view[self._pos : self._pos + len(out)]
+        out[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
 def _failed(exc: BaseException) -> Future[dict[str, Any]]:
     future: Future[dict[str, Any]] = Future()
     future.set_exception(exc)
     return future
 
 
-def _load_pickle(f: BinaryIO, path: Path, device: str) -> dict[str, Any]:
+def _load_pickle(f: BinaryIO | io.RawIOBase, path: Path, device: str) -> dict[str, Any]:
     state = torch.load(f, map_location=device, weights_only=True)
     if not isinstance(state, dict):
         raise ValueError(f"{path} does not hold a state dict")

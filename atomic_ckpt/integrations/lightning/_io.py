@@ -8,7 +8,6 @@ Imported by the public module after its check that torch and Lightning are insta
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -26,6 +25,7 @@ from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_na
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import new_hasher
 from atomic_ckpt.integrations.lightning import _checked
+from atomic_ckpt.torch import _ViewReader
 
 if TYPE_CHECKING:
     # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
@@ -140,14 +140,14 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         self.wait()
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        with _checked.verified(path) if self.verify_on_load else contextlib.nullcontext():
-            # Verified: loaded by name while the mapping it was hashed through is held, so
-            # its pages come from memory (a file object over the mapping copies: slower).
-            loaded: dict[str, Any] = torch.load(
-                path,
-                map_location=map_location,
-                weights_only=True if weights_only is None else weights_only,
-            )
+        only = True if weights_only is None else weights_only
+        if not self.verify_on_load:
+            loaded: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=only)
+            return loaded
+        with _checked.verified(path) as view:
+            # Verified: read from the very mapping that was hashed, never by reopening the
+            # path (which may name another file by now).
+            loaded = torch.load(_ViewReader(view), map_location=map_location, weights_only=only)
         return loaded
 
     def teardown(self) -> None:
