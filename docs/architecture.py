@@ -24,7 +24,7 @@ from its own layer or below: `_core/` layers 1 to 5 in order, then the optional 
 """
 
 SECTIONS = [
-    ("The public face", ("=atomic_ckpt", "=atomic_ckpt._version", "=atomic_ckpt.torch")),
+    ("The public face", ("=atomic_ckpt", "=atomic_ckpt._version", "atomic_ckpt.torch")),
     ("The core (layers 1-5, `_core/`)", ("=atomic_ckpt._core",)),
     ("Layer 1: names and errors (`_core/l1_names/`)", ("atomic_ckpt._core.l1_",)),
     (

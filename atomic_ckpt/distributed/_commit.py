@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import operator
 import os
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from atomic_ckpt import (
     CheckpointDir,
     Commit,
+    CommitStateError,
     DistributedCommitError,
     DistributedNotInitializedError,
     RetentionPolicy,
@@ -157,9 +159,20 @@ def rank0_commit(
 
     ``join=True`` inside an enclosing ``rank0_commit`` of the same step or name (on
     every rank, as SPMD code nests): yields the enclosing block's directory (None off
-    rank 0) and does nothing else, no collective either: the outermost block commits.
-    This is how a ``save_checkpoint()`` that commits when called alone adds to a commit
-    the trainer opened around it. Without an enclosing one it commits as usual.
+    rank 0) and runs no collective: the outermost block commits. This is how a
+    ``save_checkpoint()`` that commits when called alone adds to a commit the trainer
+    opened around it. The joined block is part of the enclosing commit, by the rules of
+    ``ckpts.commit(..., join=True)``: on rank 0 an exception leaving it aborts the
+    enclosing commit (whose end then raises CommitStateError there and
+    DistributedCommitError on the other ranks, even if the caller swallowed the error),
+    its ``metadata``, ``aliases``, ``replace_aliases`` and ``retain`` merge into the
+    enclosing commit's (a contradicting one is a ValueError that aborts it), and the
+    enclosing commit waits for blocks joined from other threads. On another rank, where
+    nothing is written, a joined block's error is that rank's own: its enclosing block
+    ends with CommitStateError chained from it, and rank 0's commit goes on. Without an
+    enclosing one it commits as usual, unless the step or name is already committed:
+    then rank 0 raises CommitStateError naming ``amend`` and the other ranks
+    DistributedCommitError, since one part must not replace the whole checkpoint.
 
     Without a process group it is ``ckpts.commit(step, ...)`` (the path, never None),
     with ``join`` as for ``ckpts.commit``.
@@ -171,9 +184,6 @@ def rank0_commit(
     name = target if isinstance(target, str) else None
     number = None if isinstance(target, str) else target
     key = (str(ckpts.root), target)
-    if join and key in _OPEN_RANK0:
-        yield _OPEN_RANK0[key]
-        return
     options: dict[str, Any] = {
         "metadata": metadata,
         "aliases": aliases,
@@ -186,6 +196,18 @@ def rank0_commit(
     else:
         committed = functools.partial(ckpts.commit, target, retain=retain, **options)
     what = f"{name!r}" if name is not None else f"step {number}"
+    enclosing = _OPEN_RANK0.get(key) if join else None
+    if enclosing is not None:
+        if enclosing.path is None:  # another rank: nothing written here, nothing to abort
+            try:
+                yield None
+            except BaseException as exc:
+                enclosing.failed.append(exc)
+                raise
+            return
+        with committed(join=True) as path:  # rank 0: joins the enclosing block's commit
+            yield path
+        return
     if _single_process(group):
         with committed(join=join) as path, _open_rank0(key, path):
             yield path
@@ -196,14 +218,22 @@ def rank0_commit(
     mine: BaseException | None = None
     if ranks.rank == 0:
         try:
-            with committed(join=False) as path, _open_rank0(key, path):
+            # join=True with nothing enclosing: commits, unless the target is committed
+            alone = join and ckpts.staging(target) is None
+            with committed(join=alone) as path, _open_rank0(key, path):
                 yield path
         except BaseException as exc:
             outcome = exc
     else:
         try:
-            with _open_rank0(key, None):
+            with _open_rank0(key, None) as opened:
                 yield None
+            if opened.failed:
+                raise CommitStateError(
+                    f"a block that joined this rank's rank0_commit of {what} failed "
+                    f"({opened.failed[0]!r}); rank 0's commit was not affected",
+                    step=number,
+                ) from opened.failed[0]
         except BaseException as exc:
             mine = exc
     why = ranks.broadcast(
@@ -219,16 +249,25 @@ def rank0_commit(
         )
 
 
-_OPEN_RANK0: dict[tuple[str, int | str], Path | None] = {}
+@dataclasses.dataclass
+class _Opened:
+    """An open rank0_commit block: its directory (None off rank 0), and the errors of the
+    blocks that joined it (recorded off rank 0, where no commit is open to abort)."""
+
+    path: Path | None
+    failed: list[BaseException] = dataclasses.field(default_factory=list)
+
+
+_OPEN_RANK0: dict[tuple[str, int | str], _Opened] = {}
 """The rank0_commit blocks open in this process, by (root, step or name): what
-``join=True`` joins (their directory on rank 0, None on the others)."""
+``join=True`` joins."""
 
 
 @contextlib.contextmanager
-def _open_rank0(key: tuple[str, int | str], path: Path | None) -> Iterator[None]:
-    _OPEN_RANK0[key] = path
+def _open_rank0(key: tuple[str, int | str], path: Path | None) -> Iterator[_Opened]:
+    opened = _OPEN_RANK0[key] = _Opened(path)
     try:
-        yield
+        yield opened
     finally:
         del _OPEN_RANK0[key]
 

@@ -83,6 +83,8 @@ def amend(
         commit = _begin.begin(root, step)
         try:
             yield commit.path
+            if os.getpid() == pid:
+                commit.seal()  # blocks that joined it ended; CommitStateError if one failed
             if os.getpid() != pid:
                 raise CommitStateError(
                     f"cannot end the amend of {base.path}: it belongs to process {pid}, and "

@@ -18,6 +18,7 @@ from atomic_ckpt._core.l3_formats.read import moved_by_hand, read_marker
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.commit import Commit
+from atomic_ckpt._core.l4_protocol.joining import check_own_aliases
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 
@@ -63,6 +64,7 @@ def begin_as(
     """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
     not_one_string("aliases", aliases, "names")
     alias_list = [_delete.check_alias(root, a) for a in aliases]
+    check_own_aliases(name, alias_list)
     meta = check_metadata(metadata)
     root.ensure()
     final = root.path / name

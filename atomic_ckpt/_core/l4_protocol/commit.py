@@ -9,14 +9,14 @@ numbers the steps. Which fsyncs reach the disk is the root's
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import stat
+import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -32,6 +32,7 @@ from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol import stage as _stage
+from atomic_ckpt._core.l4_protocol.joining import JOIN_TIMEOUT, JoinedBlocks, check_own_aliases
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l4_protocol.root import Root
 from atomic_ckpt._version import __version__
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 State = Literal["open", "published", "aborted"]
 
 
-class Commit:
+class Commit(JoinedBlocks):
     """One commit in progress: a staging directory that :meth:`publish` promotes to the
     step's directory, atomically and durably, or :meth:`abort` removes.
 
@@ -52,6 +53,13 @@ class Commit:
     :meth:`publish`, so it is safe in a ``finally``. Only the process that began a
     commit can end it: in a child forked meanwhile, :meth:`publish` raises
     :class:`~atomic_ckpt.CommitStateError` and :meth:`abort` does nothing.
+
+    Blocks that join it (``commit(step, join=True)``, in this thread or another) are
+    part of it: :meth:`publish` first waits until every joined block has ended (at most
+    :attr:`join_timeout` seconds, then it aborts the commit with CommitStateError; at
+    once if the publishing thread is itself inside one), and an error leaving a joined
+    block aborts the commit, so its :meth:`publish` raises CommitStateError chained
+    from that error. Once publishing has begun, a new join is refused.
     """
 
     def __init__(
@@ -78,6 +86,12 @@ class Commit:
         """Run under the root lock just before the promotion; raises to stop it (an amend
         checks there that the version it carries files from is still the step's)."""
         self._step = step
+        self.join_timeout = JOIN_TIMEOUT
+        """Seconds :meth:`publish` waits for blocks joined from other threads to end."""
+        self._cond = threading.Condition()
+        self._joiners: dict[int, int] = {}  # thread id -> its open joined blocks
+        self._sealed = False  # publishing began: no new join
+        self._why: BaseException | None = None  # the error that ended a joined block
         self.name = name
         """The directory name it is committed under (the step's, or the checkpoint's name)."""
         self.path = staging
@@ -157,8 +171,9 @@ class Commit:
 
     def finish(self, files: list[FileEntry] | None = None) -> Manifest:
         """:meth:`publish` for any commit (named ones too); returns the manifest written."""
-        self._require_open("publish")
+        self.seal()
         try:
+            check_own_aliases(self.name, self.aliases)
             self._check_staging()
             metadata = check_metadata(self.metadata)
             manifest = self._protocol(files, metadata)
@@ -272,8 +287,12 @@ class Commit:
         than the one that began it. A failure to clean up is attached to ``exc``
         as a note when given (never raised instead of it), else raised.
         """
-        if self._state != "open" or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
             return
+        with self._cond:
+            if self._state != "open":
+                return
+            self._state = "aborted"  # claimed here: a second abort does nothing
         carrier = exc if exc is not None else CommitStateError("aborted", step=self._step)
         self._fail(carrier)
         notes = getattr(carrier, "__notes__", None)
@@ -311,6 +330,14 @@ class Commit:
                 step=self._step,
             )
         if self._state != "open":
+            if self._why is not None:
+                raise CommitStateError(
+                    f"cannot {what} the commit of {self.name}: a block that joined it failed "
+                    f"({type(self._why).__name__}: {self._why}), which aborted it. Nothing "
+                    "was published; fix that error and save again",
+                    path=self.path,
+                    step=self._step,
+                ) from self._why
             raise CommitStateError(
                 f"cannot {what} the commit of {self.name}: it was already {self._state}",
                 path=self.path,
@@ -420,15 +447,3 @@ def carry_all(commit: Commit, carry: Mapping[str, int | str] | None) -> None:
     for relpath, source in (carry or {}).items():
         how = commit.carry(relpath, from_=source)
         log.info("carried %s from %s into %s (%s)", relpath, source, commit.name, how)
-
-
-@contextlib.contextmanager
-def joined(commit: Commit) -> Iterator[Path]:
-    """A block that adds to the open ``commit`` (``join=True``): it yields the staging dir
-    and publishes nothing; an exception leaving it aborts the commit, whose publish then
-    raises, so a half-written part is never published."""
-    try:
-        yield commit.path
-    except BaseException as exc:
-        commit.abort(exc)
-        raise

@@ -14,6 +14,7 @@ from atomic_ckpt._core.l4_protocol import amend as _amend
 from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import named as _named
 from atomic_ckpt._core.l4_protocol.named import NamedCheckpoint
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
@@ -125,14 +126,18 @@ class TrainerOps:
         """Commit a named checkpoint (``root/<name>/``, e.g. ``interrupted``) with the same
         protocol as a step. ``latest()`` and ``steps()`` never count it. ``aliases``,
         ``replace_aliases``, ``join``, ``carry`` and ``replace_unusable`` as for
-        :meth:`~atomic_ckpt.CheckpointDir.commit`."""
+        :meth:`~atomic_ckpt.CheckpointDir.commit` (a join with nothing open over a committed
+        ``name`` is refused the same way)."""
         if join:
-            outer = _commit.open_commit(self._root, _named.check_name(self._root, name))
+            checked = _named.check_name(self._root, name)
+            outer = _commit.open_commit(self._root, checked)
             if outer is not None:
-                with _commit.joined(outer) as path:
+                options = {"metadata": metadata, "aliases": aliases}
+                with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
                     _commit.carry_all(outer, carry)
                     yield path
                 return
+            _joining.refuse_rejoin(self._root.path / checked, None)
         handle = self.begin_named(
             name,
             metadata=metadata,

@@ -26,6 +26,7 @@ from atomic_ckpt._core.l4_protocol import adopt as _adopt
 from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol.commit import Commit
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
@@ -238,11 +239,28 @@ class CheckpointDir(Reading, TrainerOps):
 
         ``join=True``: if this process already has an open commit of ``step`` (an outer
         ``commit``/``begin`` further up the stack, or in another thread), yield its
-        staging directory and publish nothing here: the outermost commit publishes.
-        An exception leaving a joined block aborts that outer commit too (its
-        ``publish`` then raises :class:`~atomic_ckpt.CommitStateError`), so a
-        half-written part is never published. With no open commit, ``join`` commits
-        as usual. (:meth:`staging` answers the same question without committing.)
+        staging directory and publish nothing here: the joined block is part of that
+        commit, which the outermost block publishes. The rules:
+
+        * while any joined block is open the commit is not published: its ``publish``
+          waits for blocks open in other threads (``Commit.join_timeout`` seconds at
+          most, then it aborts with :class:`~atomic_ckpt.CommitStateError`);
+        * an exception leaving a joined block aborts the whole commit: the outer block
+          (even if the caller swallowed the error) gets CommitStateError chained from
+          it, and no half-written part is ever published; a joined block that ends
+          normally after its commit was aborted raises CommitStateError too;
+        * ``metadata``, ``aliases``, ``replace_aliases`` and ``retain`` merge into the
+          commit joined: metadata keys are added, aliases appended, ``replace_aliases``
+          or-ed, ``retain`` taken if the commit has none. A metadata key it already holds
+          with another value, or another retain policy, is a ValueError naming that
+          commit, and aborts it like any failed joined block;
+        * a join once the commit is being published is refused (CommitStateError).
+
+        With no open commit, ``join=True`` commits as usual, unless ``step`` is already
+        committed: then it raises CommitStateError naming :meth:`amend` (a part saved
+        alone, or by a thread that came after the commit ended, never replaces the whole
+        checkpoint); commit without ``join`` to replace it. (:meth:`staging` tells
+        whether a commit is open without committing.)
 
         ``carry``: files or subtrees of committed checkpoints put into the staging
         directory before it is yielded, without writing them again: ``{"tokenizer/": 4,
@@ -253,10 +271,12 @@ class CheckpointDir(Reading, TrainerOps):
         if join:
             outer = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
             if outer is not None:
-                with _commit.joined(outer) as path:
+                options = {"metadata": metadata, "aliases": aliases, "retain": retain}
+                with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
                     _commit.carry_all(outer, carry)
                     yield path
                 return
+            _joining.refuse_rejoin(self.path_of(step), check_step(step))
         with self.begin(
             step,
             metadata=metadata,

@@ -116,10 +116,11 @@ def _recorded(view: memoryview, path: str) -> tuple[str, str, int]:
 
 
 @contextlib.contextmanager
-def verified(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Check ``path`` against the checksum it carries, then hold the mapping it was hashed
-    through for the block (load the file by its path there). VerificationError naming the
-    file if it does not match, carries no checksum, or its record is damaged."""
+def verified(path: str | os.PathLike[str]) -> Iterator[memoryview]:
+    """Check ``path`` against the checksum it carries, then yield the mapping it was hashed
+    through for the block: load from it, never by reopening the path (a verified load
+    reads only the bytes it verified). VerificationError naming the file if it does not
+    match, carries no checksum, or its record is damaged."""
     text = os.fspath(path)
     view, _ = map_file(text, None)  # mapped, not hashed yet: the comment is left out
     try:
@@ -135,7 +136,7 @@ def verified(path: str | os.PathLike[str]) -> Iterator[None]:
         found = hasher.hexdigest()
         if found != expected:
             raise _failed(text, f"its {algorithm} checksum is {found}, but {expected} was recorded")
-        yield
+        yield view
     finally:
         _release(view)
 

@@ -8,7 +8,6 @@ Imported by the public module after its check that torch and Lightning are insta
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -28,6 +27,7 @@ from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_na
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import new_hasher
 from atomic_ckpt.integrations.lightning import _checked
+from atomic_ckpt.torch._bytes import _ViewReader
 
 if TYPE_CHECKING:
     # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
@@ -143,19 +143,19 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         self.wait()
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        if self.verify_on_load:
-            # The file a link names (``last.ckpt`` of save_last="link", or a user's own):
-            # verified and loaded by its real path, since the check opens without following
-            # a link. Only the path given is resolved: inside a checkpoint, none is followed.
-            path = os.path.realpath(path)
-        with _checked.verified(path) if self.verify_on_load else contextlib.nullcontext():
-            # Verified: loaded by name while the mapping it was hashed through is held, so
-            # its pages come from memory (a file object over the mapping copies: slower).
-            loaded: dict[str, Any] = torch.load(
-                path,
-                map_location=map_location,
-                weights_only=True if weights_only is None else weights_only,
-            )
+        only = True if weights_only is None else weights_only
+        if not self.verify_on_load:
+            loaded: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=only)
+            return loaded
+        # The file a link names (``last.ckpt`` of save_last="link", or a user's own):
+        # verified and loaded by its real path, since the check opens without following a
+        # link. Only the path given is resolved: inside a checkpoint, none is followed.
+        path = os.path.realpath(path)
+        with _checked.verified(path) as view:
+            # Verified: read from the very mapping that was hashed, never by reopening the
+            # path (which may name another file by now).
+            reader = cast(IO[bytes], _ViewReader(view))  # read/seek/tell: what torch.load uses
+            loaded = torch.load(reader, map_location=map_location, weights_only=only)
         return loaded
 
     def teardown(self) -> None:

@@ -4,9 +4,11 @@ byte fetched from storage once), and a damaged file is refused with an error nam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +219,33 @@ def test_the_sharded_strategies_verify_files_and_refuse_directories(tmp_path: Pa
     unverified = _Sharded(AtomicCheckpointIO())
     unverified.load_checkpoint(other)  # no verify_on_load: the strategy's own load
     assert unverified.loaded == [str(other)]
+
+
+def test_a_verified_load_returns_the_bytes_it_hashed_even_if_the_file_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is replaced by a one-bit-flipped copy right after the checksum matched: the
+    load returns the verified tensor (read from the mapping hashed), never the damaged one."""
+    io = AtomicCheckpointIO(verify_on_load=True)
+    path = tmp_path / "epoch=0.ckpt"
+    weights = torch.arange(1 << 12, dtype=torch.float32)
+    io.save_checkpoint({"w": weights}, path)
+    at = path.read_bytes().index(weights.numpy().tobytes()) + 1000
+    real = _checked.verified
+    fired = []
+
+    @contextlib.contextmanager
+    def then_replace(target: Any) -> Iterator[Any]:
+        with real(target) as view:
+            copy = tmp_path / "damaged.ckpt"
+            shutil.copyfile(path, copy)
+            flip(copy, at)
+            os.replace(copy, path)  # a new inode under the name, after the hash
+            fired.append(True)
+            yield view
+
+    monkeypatch.setattr(_checked, "verified", then_replace)
+    loaded = io.load_checkpoint(path)
+    assert fired == [True]
+    assert torch.equal(loaded["w"], weights)
+    assert not torch.equal(torch.load(path, weights_only=True)["w"], weights)  # damaged now

@@ -14,12 +14,9 @@ Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import math
 import operator
 import os
-import warnings
 from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,9 +25,14 @@ from typing import Any, BinaryIO, Protocol, SupportsIndex
 
 import torch
 from safetensors.torch import load_model, save_model
-from safetensors.torch import save as save_bytes
 
 from atomic_ckpt import Checkpoint, CheckpointDir, VerifiedCheckpoint
+from atomic_ckpt.torch._bytes import (
+    _failed,
+    _load_pickle,
+    _safetensors_tensors,
+    _ViewReader,
+)
 
 __all__ = [
     "MODEL_FILE",
@@ -139,16 +141,22 @@ def load_state(
     Pickled state is loaded with ``weights_only=True``, on a second thread while the
     model file is read. Raises FileNotFoundError if the checkpoint lacks a file for an
     object you passed. Given a :class:`~atomic_ckpt.VerifiedCheckpoint` (from
-    ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), the model is loaded
-    from the very mapping it was hashed through, and the other files while their
-    mappings keep those pages in memory: each byte comes from storage once.
+    ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), every file is loaded
+    from the very mapping it was hashed through, never by its path (which may hold
+    another save by now): each byte comes from storage once, and only verified bytes
+    are loaded. A file the load needs that the VerifiedCheckpoint did not keep is a
+    ValueError naming it.
     """
+    names = _pickled(optimizer, scheduler)
     if isinstance(checkpoint, VerifiedCheckpoint):
         path, read = checkpoint.checkpoint.path, checkpoint.files
+        _require_views(read, [MODEL_FILE, STATE_FILE, *names], path)
+        pickles = _Pickles(path, names, device, views=read)
     else:
         path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
         read = {}
-    with _Pickles(path, _pickled(optimizer, scheduler), device) as pickles:
+        pickles = _Pickles(path, names, device)
+    with pickles:
         return _load(
             path,
             read,
@@ -216,6 +224,18 @@ def resume(
     )
 
 
+def _require_views(read: Mapping[str, memoryview], names: Collection[str], path: Path) -> None:
+    """ValueError unless the verified views hold every file of ``names``: a verified
+    load never falls back to reading a path it did not hash."""
+    lacking = [n for n in names if n not in read]
+    if lacking:
+        raise ValueError(
+            f"the verified checkpoint {path} kept no verified bytes of {', '.join(lacking)}: "
+            "a verified load reads only what it hashed. Pass those files (or STATE_FILES) "
+            "to resume_verified(), or load the Checkpoint unverified"
+        )
+
+
 def _pickled(optimizer: _Stateful | None, scheduler: _Stateful | None) -> list[str]:
     """The ``torch.save`` files a load of these objects needs."""
     return [n for n, o in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)) if o]
@@ -262,11 +282,24 @@ class _Pickles:
     the thread (a result nobody asked for is dropped, its error too).
     """
 
-    def __init__(self, directory: Path, names: Collection[str], device: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        names: Collection[str],
+        device: str,
+        *,
+        views: Mapping[str, memoryview] | None = None,
+    ) -> None:
         self._files: dict[str, BinaryIO] = {}
         self._futures: dict[str, Future[dict[str, Any]]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="atomic_ckpt-load")
         for name in names:
+            if views is not None:  # verified: from the views hashed, never the path
+                reader = _ViewReader(views[name])
+                self._futures[name] = self._pool.submit(
+                    _load_pickle, reader, directory / name, device
+                )
+                continue
             try:
                 # Never through a symlink: a verify maps regular files only.
                 fd = os.open(directory / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -306,94 +339,6 @@ class _Pickles:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for f in self._files.values():
             f.close()
-
-
-def _failed(exc: BaseException) -> Future[dict[str, Any]]:
-    future: Future[dict[str, Any]] = Future()
-    future.set_exception(exc)
-    return future
-
-
-def _load_pickle(f: BinaryIO, path: Path, device: str) -> dict[str, Any]:
-    state = torch.load(f, map_location=device, weights_only=True)
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} does not hold a state dict")
-    return state
-
-
-@functools.cache
-def _dtypes() -> dict[str, torch.dtype]:
-    """safetensors' dtype names and the torch dtypes they hold, as the installed safetensors
-    writes them (never a hand list, which falls behind: issue 30 found C64 and the fnuz
-    float8s missing). Each dtype torch defines is saved once, one element, and the name
-    its header records taken; one it cannot save, or that packs several values in an
-    element (``F4``'s ``float4_e2m1fn_x2``), is left out."""
-    out: dict[str, torch.dtype] = {}
-    for value in vars(torch).values():
-        if not isinstance(value, torch.dtype):
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # (complex32, quantized: "experimental")
-                data = save_bytes({"t": torch.zeros(1, dtype=value)})
-        except Exception:  # (any refusal means: not a dtype it stores)
-            continue
-        n = int.from_bytes(data[:8], "little")
-        info = json.loads(data[8 : 8 + n])["t"]
-        if info["shape"] == [1] and info["data_offsets"] == [0, value.itemsize]:
-            out.setdefault(info["dtype"], value)
-    return out
-
-
-def _safetensors_tensors(data: memoryview) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file held in ``data``, as views of it (no copy).
-
-    The format: an 8-byte little-endian header length, a JSON header mapping each
-    name to its dtype, shape and ``data_offsets`` (from the end of the header), then
-    the data. Checked as untrusted input; anything off is a ValueError.
-    """
-    if len(data) < 8:
-        raise ValueError("safetensors data is shorter than its 8-byte header length")
-    n = int.from_bytes(data[:8], "little")
-    if n > len(data) - 8 or n > 100 << 20:
-        raise ValueError(f"safetensors header length {n} does not fit the data")
-    try:
-        header = json.loads(bytes(data[8 : 8 + n]))
-    except (ValueError, RecursionError):
-        raise ValueError("safetensors header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise ValueError("safetensors header is not an object")
-    base, end = 8 + n, len(data)
-    out: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        known = _dtypes()
-        if (
-            isinstance(info, dict)
-            and isinstance(info.get("dtype"), str)
-            and (info["dtype"] not in known)
-        ):
-            raise ValueError(
-                f"safetensors entry {name!r} has dtype {info['dtype']!r}, which this "
-                f"torch and safetensors cannot load (they know {sorted(known)})"
-            )
-        try:
-            dtype = known[info["dtype"]]
-            shape = [int(d) for d in info["shape"]]
-            start, stop = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"safetensors entry {name!r} is malformed: {info!r}") from None
-        count = math.prod(shape)
-        size = count * dtype.itemsize
-        if not 0 <= start <= stop <= end - base or stop - start != size:
-            raise ValueError(f"safetensors entry {name!r} has offsets that do not fit")
-        if count == 0:
-            out[name] = torch.empty(shape, dtype=dtype)
-            continue
-        flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + start)
-        out[name] = flat.reshape(shape)
-    return out
 
 
 def _load_model_bytes(

@@ -1,0 +1,212 @@
+"""Blocks that join an open commit (``join=True``): the counting that keeps a commit
+unpublished while any is open (:class:`JoinedBlocks`, mixed into
+:class:`~atomic_ckpt.Commit`), :func:`joined`, and the rules a join follows.
+
+The rules (PROTOCOL.md): a joined block is part of the commit it joins. While any joined
+block is open (in any thread) the commit is not published; an error leaving a joined
+block, or a join that cannot be made (an option contradicting the commit's), aborts the
+whole commit, whose publish then raises CommitStateError; a join with no open commit
+over a checkpoint already committed is refused (:func:`refuse_rejoin`), never a silent
+replacement of the whole checkpoint by one part. A joined block's options merge into the
+commit it joins (:func:`merge_options`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atomic_ckpt._core.l1_names.errors import CommitStateError
+from atomic_ckpt._core.l3_formats.manifest import check_metadata
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import stage as _stage
+from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
+
+if TYPE_CHECKING:
+    from atomic_ckpt._core.l4_protocol.commit import Commit, State
+
+JOIN_TIMEOUT = 1800.0
+"""Default :attr:`Commit.join_timeout`: seconds :meth:`Commit.publish` waits for blocks
+joined from other threads to end (as long as a distributed commit waits for a rank)."""
+
+
+class JoinedBlocks:
+    """The joined-block half of :class:`~atomic_ckpt.Commit` (see its documentation)."""
+
+    name: str
+    path: Path
+    join_timeout: float
+    _step: int | None
+    _state: State
+    _cond: threading.Condition
+    _joiners: dict[int, int]
+    _sealed: bool
+    _why: BaseException | None
+
+    def _require_open(self, what: str) -> None:
+        raise NotImplementedError
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        raise NotImplementedError
+
+    def seal(self) -> None:
+        """Wait for the joined blocks to end, then refuse new ones: the first step of
+        publishing (idempotent). CommitStateError, aborting the commit, if one is still
+        open after :attr:`join_timeout` or is open in this very thread; CommitStateError
+        chained from its error if a joined block failed."""
+        self._require_open("publish")
+        me = threading.get_ident()
+        with self._cond:
+            if self._sealed:
+                return
+            inside = bool(self._joiners.get(me))
+            if not inside:
+                self._cond.wait_for(
+                    lambda: not self._joiners or self._state != "open", self.join_timeout
+                )
+            still = sum(self._joiners.values())
+            if self._state == "open" and not still:
+                self._sealed = True
+                return
+        self._require_open("publish")  # aborted meanwhile by a failed joined block
+        why = (
+            "it is published from inside a block that joined it (that block would wait "
+            "for itself): publish it after that block ends"
+            if inside
+            else f"{still} block(s) that joined it are still open after "
+            f"{self.join_timeout:g} s (join_timeout): end the threads that write into a "
+            "commit before its own block ends"
+        )
+        error = CommitStateError(
+            f"cannot publish the commit of {self.name}: {why}. Nothing was published",
+            path=self.path,
+            step=self._step,
+        )
+        self.abort(error)
+        raise error
+
+    def enter_join(self) -> None:
+        """Count a joined block opening (``join=True``); CommitStateError if the commit
+        ended or is being published (a part joined now would not be in it)."""
+        self._require_open("join")
+        with self._cond:
+            if self._sealed or self._state != "open":
+                raise CommitStateError(
+                    f"cannot join the commit of {self.name}: it is being published, and a "
+                    "part joined now would not be in it. Add files to a committed step "
+                    "with amend()",
+                    path=self.path,
+                    step=self._step,
+                )
+            me = threading.get_ident()
+            self._joiners[me] = self._joiners.get(me, 0) + 1
+
+    def leave_join(self, exc: BaseException | None) -> None:
+        """Count a joined block ending; ``exc``, its error, aborts the commit. Leaving
+        normally a commit that was aborted meanwhile raises CommitStateError (the part
+        written is not going to be published)."""
+        me = threading.get_ident()
+        with self._cond:
+            left = self._joiners.get(me, 0) - 1
+            if left > 0:
+                self._joiners[me] = left
+            else:
+                self._joiners.pop(me, None)
+            if exc is not None and self._state == "open" and self._why is None:
+                self._why = exc
+            self._cond.notify_all()
+        if exc is not None:
+            self.abort(exc)
+        elif self._state != "published":
+            self._require_open("add to")
+
+
+def check_own_aliases(name: str, aliases: Collection[str]) -> None:
+    """ValueError if one of ``aliases`` is ``name``, the checkpoint's own directory (the
+    promotion would put the checkpoint there, and then the alias could not be made)."""
+    if name in aliases:
+        raise ValueError(
+            f"alias {name!r} is the checkpoint's own name: an alias is another name for "
+            "it. Drop it from aliases="
+        )
+
+
+def describe(commit: Commit) -> str:
+    """``step 5`` or ``'interrupted'``: the commit, for messages."""
+    return f"step {commit._step}" if commit._step is not None else repr(commit.name)
+
+
+def merge_options(
+    commit: Commit,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    aliases: Collection[str] = (),
+    replace_aliases: bool = False,
+    retain: RetentionPolicy | None = None,
+) -> None:
+    """Merge a joined block's options into the commit it joins, the documented rule:
+    ``metadata`` keys are added (a key the commit has with another value is a
+    ValueError), ``aliases`` appended, ``replace_aliases`` or-ed, ``retain`` taken if the
+    commit has none (another policy is a ValueError). Every ValueError names the commit."""
+    if isinstance(aliases, str):
+        raise TypeError("aliases must be a collection of names, not one string")
+    where = f"the commit of {describe(commit)} it joins"
+    for key, value in check_metadata(metadata).items():
+        if key in commit.metadata and commit.metadata[key] != value:
+            raise ValueError(
+                f"a joined block sets metadata {key!r} to {value!r}, but {where} has "
+                f"{commit.metadata[key]!r}: set it in one place"
+            )
+    new = [_delete.check_alias(commit._root, a) for a in aliases]
+    check_own_aliases(commit.name, new)
+    if retain is not None and commit.retain is not None and retain != commit.retain:
+        raise ValueError(
+            f"a joined block asks for retain={retain!r}, but {where} has "
+            f"retain={commit.retain!r}: give the policy in one place"
+        )
+    commit.metadata.update(check_metadata(metadata))
+    commit.aliases.extend(a for a in dict.fromkeys(new) if a not in commit.aliases)
+    commit.replace_aliases = commit.replace_aliases or replace_aliases
+    if retain is not None:
+        commit.retain = retain
+
+
+@contextlib.contextmanager
+def joined(commit: Commit, **options: Any) -> Iterator[Path]:
+    """A block that adds to the open ``commit`` (``join=True``): it yields the staging dir
+    and publishes nothing; ``options`` merge by :func:`merge_options`. An exception
+    leaving it (or raised merging the options) aborts the commit, whose publish then
+    raises CommitStateError, so a half-written part is never published. Leaving it
+    normally when the commit was aborted meanwhile raises CommitStateError."""
+    commit.enter_join()
+    try:
+        merge_options(commit, **options)
+        yield commit.path
+    except BaseException as exc:
+        commit.leave_join(exc)
+        raise
+    commit.leave_join(None)
+
+
+def refuse_rejoin(final: Path, step: int | None) -> None:
+    """For ``join=True`` with no open commit: CommitStateError if ``final`` already holds a
+    committed checkpoint (the block would replace all of it with its one part)."""
+    if not (final.is_dir() and _stage.read_marker_or_none(final) is not None):
+        return
+    what = f"step {step}" if step is not None else f"the named checkpoint {final.name!r}"
+    remedy = (
+        f"add files to it with amend({step})"
+        if step is not None
+        else "write the whole checkpoint in one commit_named block"
+    )
+    raise CommitStateError(
+        f"join=True found no open commit of {what} in this process, and {final} is "
+        f"already committed: committing this block alone would replace the whole "
+        f"checkpoint with only its part. To {remedy}; to replace it, commit without "
+        "join=True",
+        path=final,
+        step=step,
+    )
