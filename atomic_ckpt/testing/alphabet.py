@@ -128,10 +128,7 @@ def _actions() -> tuple[Action, ...]:
 ACTIONS: tuple[Action, ...] = _actions()
 """Every action, in a fixed order."""
 
-EXCLUDED: dict[str, str] = {
-    "join_thread": "issue 30 item 2: publish does not wait for a block joined from another "
-    "thread (the step is published without the joiner's files)",
-}
+EXCLUDED: dict[str, str] = {}
 """Actions left out of :data:`ALPHABET` because the documented answer depends on a defect
 not fixed yet (each kept as a strict xfail in tests/testing/test_model_check.py)."""
 

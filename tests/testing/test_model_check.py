@@ -160,7 +160,6 @@ def test_every_api_mutant_has_a_sequence_that_catches_it() -> None:
 # ---- defects the exploration found in current code (issue 30), kept until they are fixed
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 2: publish does not wait for a joined thread")
 def test_a_block_joined_from_another_thread_is_waited_for() -> None:
     """join_thread: the outer commit publishes only once the joiner's block has ended."""
     outcome = check_sequence(ROOT["empty"], (by_name("join_thread"),))
@@ -178,7 +177,6 @@ def test_the_cli_removes_a_step_given_by_number_in_a_prefixed_root(tmp_path: Pat
     assert ckpts.steps() == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 7: alias == name refused after publishing")
 def test_a_named_commit_whose_alias_is_its_own_name_changes_nothing(tmp_path: Path) -> None:
     """commit_named("x", aliases=["x"]) is refused before anything is published."""
     ckpts = CheckpointDir(tmp_path / "ckpts")
