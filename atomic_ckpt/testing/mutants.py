@@ -13,8 +13,8 @@ from typing import Any
 from atomic_ckpt import MARKER, Commit, SyncPolicy
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l4_protocol import amend as _amend
-from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import stage as _stage
 
 __all__ = ["API_MUTANTS", "STEPS", "api_mutant", "mutant"]
@@ -85,10 +85,11 @@ def _join_no_abort() -> Iterator[None]:
     """A joined block's error leaves the outer commit open: it publishes the half."""
 
     @contextlib.contextmanager
-    def joined(commit: Commit) -> Iterator[Path]:
+    def joined(commit: Commit, **options: Any) -> Iterator[Path]:
+        _joining.merge_options(commit, **options)
         yield commit.path
 
-    with _patched(_commit, "joined", joined):
+    with _patched(_joining, "joined", joined):
         yield
 
 
