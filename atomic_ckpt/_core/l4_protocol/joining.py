@@ -17,7 +17,7 @@ import contextlib
 import threading
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from atomic_ckpt._core.l1_names.errors import CommitStateError
 from atomic_ckpt._core.l3_formats.manifest import check_metadata
@@ -25,8 +25,9 @@ from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 
-if TYPE_CHECKING:
-    from atomic_ckpt._core.l4_protocol.commit import Commit, State
+# The Commit these functions take: commit.py builds Commit on JoinedBlocks and imports this
+# module, so the type is not imported back (no import circle, TYPE_CHECKING included).
+Commit = Any
 
 JOIN_TIMEOUT = 1800.0
 """Default :attr:`Commit.join_timeout`: seconds :meth:`Commit.publish` waits for blocks
@@ -40,7 +41,7 @@ class JoinedBlocks:
     path: Path
     join_timeout: float
     _step: int | None
-    _state: State
+    _state: str  # commit.State
     _cond: threading.Condition
     _joiners: dict[int, int]
     _sealed: bool
