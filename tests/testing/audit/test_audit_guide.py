@@ -33,6 +33,18 @@ def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _plain(line: str) -> str:
+    """A report line with the state counts of a clean verdict left out: the committed
+    example's distinct power states vary from run to run (seen 122 to 156 here: its
+    manifests record inode numbers and mtimes, so more or fewer torn markers coincide);
+    its verdict, its operation count and every violation line do not."""
+    if line.startswith("clean: all "):
+        return re.sub(r"\d+", "N", line)
+    if " 0 violations" in line or ("operations recorded" in line and "51 operations" in line):
+        return re.sub(r"\d+ distinct", "N distinct", line)
+    return line
+
+
 def test_the_guide_runs_as_written(tmp_path: Path) -> None:
     """Every python block is a file the sessions use or a test that passes; every console
     session prints what the guide shows."""
@@ -59,8 +71,10 @@ def test_the_guide_runs_as_written(tmp_path: Path) -> None:
                 else:
                     run = shell(command, tmp_path)
                     status = run.returncode
-                    shown = [x for x in run.stdout.splitlines() if not x.startswith("  time:")]
-                    assert shown == [x for x in expected if not x.startswith("  time:")], (
+                    shown = [
+                        _plain(x) for x in run.stdout.splitlines() if not x.startswith("  time:")
+                    ]
+                    assert shown == [_plain(x) for x in expected if not x.startswith("  time:")], (
                         run.stdout + run.stderr
                     )
                     sessions += 1
