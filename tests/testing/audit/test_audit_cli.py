@@ -126,6 +126,16 @@ def test_a_write_strace_cannot_see_exits_2_naming_the_file(tmp_path: Path) -> No
     assert "clean" not in run.stdout
 
 
+# The audit's command line, with SIGINT delivered as a terminal's Ctrl-C is, whatever this
+# suite inherited: a shell starts a background job (`.ci/run &`) with SIGINT ignored, an
+# ignored signal stays ignored across exec, and the audit (rightly) keeps it so; the test
+# would then wait out the check's `sleep 60`.
+CTRL_C_ABLE_CLI = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'atomic-ckpt'; runpy.run_module('atomic_ckpt.cli', run_name='__main__')"
+)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_audit_puts_dir_back(tmp_path: Path, sig: signal.Signals) -> None:
     """Ctrl-C or SIGTERM while a check runs: DIR holds its original contents again, exit 2."""
@@ -136,7 +146,7 @@ def test_an_interrupted_audit_puts_dir_back(tmp_path: Path, sig: signal.Signals)
     started = tmp_path / "started"
     check = f"touch {started} && sleep 60"
     audit = subprocess.Popen(
-        [sys.executable, "-m", "atomic_ckpt.cli", "audit", "--root", str(root),
+        [sys.executable, "-c", CTRL_C_ABLE_CLI, "audit", "--root", str(root),
          "--check", check, "--", *naive, str(root)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
