@@ -231,11 +231,9 @@ def _md(rows: list[dict[str, Any]], info: dict[str, Any], fs: str) -> str:
         "",
         "Targets (issue 32): carry/ideal bytes <= 1.05 and time <= 1.2; disk for 5 retained",
         "<= 1.05 x (one full + 4 ideal); for the adapter case carry/full bytes <= 0.15. The",
-        "carry here is done by hand (xxh3 of every frozen tensor, then `Commit.carry`), the",
-        "way `save_state(carry_frozen=True)` is to do it. Its time includes hashing every",
-        "frozen tensor on every save: where the frozen part is 90% of the model, that hash",
-        "costs more than the small write it saves (see the adapter row); remembering each",
-        "tensor's hash by its version counter (`Tensor._version`) between saves would skip it.",
+        "carry is `save_state(..., carry_frozen=True)`: its time includes hashing every",
+        "frozen tensor (xxh3-128, on a second thread while the other files are written and",
+        "their writeback starts) and comparing the hashes with the previous frozen file's.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -345,3 +345,30 @@ def test_bad_options_are_clear_errors_before_anything_is_written(
     with pytest.raises(error, match=match):
         save_state(ckpts, 1, **options)
     assert ckpts.steps() == []
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_tensor_digests_are_the_xxh3_128_of_their_bytes(
+    monkeypatch: pytest.MonkeyPatch, fast: bool
+) -> None:
+    """The off-GIL C call and the binding's fallback give xxhash's own hexdigest of the
+    bytes, for every dtype and shape the frozen file holds (a 0-d tensor, an empty one)."""
+    import xxhash
+
+    from atomic_ckpt.torch import _hash
+
+    if fast:
+        assert _hash._c_xxh3_128() is not None  # (the path under test is the C one)
+    else:
+        monkeypatch.setattr(_hash, "_c_xxh3_128", lambda: None)
+    tensors = [
+        torch.randn(300, 7),
+        torch.arange(5, dtype=torch.int8),
+        torch.ones(()),
+        torch.randn(9).to(torch.bfloat16),
+        torch.zeros(0, 4),
+        torch.tensor([True, False]),
+    ]
+    for t in tensors:
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert _hash.digest(t) == xxhash.xxh3_128_hexdigest(raw)

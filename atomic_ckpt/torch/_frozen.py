@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 from safetensors.torch import load_file, save_file
 
 from atomic_ckpt import (
@@ -38,6 +37,7 @@ from atomic_ckpt import (
     VerificationError,
 )
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt.torch import _hash
 from atomic_ckpt.torch._bytes import _dtypes, _safetensors_tensors
 
 FROZEN_FILE = "frozen.safetensors"
@@ -65,21 +65,22 @@ def save(
     metadata: Mapping[str, Any] | None,
     write_rest: Callable[[Path], None],
 ) -> Checkpoint:
-    """``save_state(..., carry_frozen=True)``: the model file, then the other files
-    (``write_rest(directory)``) while the frozen tensors are hashed on a second thread,
-    their writeback started (a hint: the publish still fsyncs them) so that the disk
-    works while the hash finishes, then the frozen file carried or written."""
+    """``save_state(..., carry_frozen=True)``: the frozen tensors hashed on threads
+    (off the GIL: :mod:`._hash`) while the model file and the other files
+    (``write_rest(directory)``) are written and their writeback started (a hint: the
+    publish still fsyncs them), then the frozen file carried or written."""
     with ckpts.begin(step, metadata=metadata) as commit:
         rest, frozen = split(model, constant)
-        with ThreadPoolExecutor(1, thread_name_prefix="atomic_ckpt-hash") as pool:
-            hashes = pool.submit(digests, frozen)
+        threads = min(4, os.cpu_count() or 1)
+        with ThreadPoolExecutor(threads, thread_name_prefix="atomic_ckpt-hash") as pool:
+            hashes = _hash.digests(frozen, pool)
             meta = {FROZEN_KEY: FROZEN_FILE} if frozen else None
             save_file(rest, str(commit.path / MODEL_FILE), metadata=meta)
             write_rest(commit.path)
-            for entry in os.scandir(commit.path):  # the disk works while the hash runs
+            for entry in os.scandir(commit.path):  # the disk works while the hash ends
                 _fs.start_file_writeback(entry.path)
             if frozen:
-                place(ckpts, commit, frozen, hashes.result())
+                place(ckpts, commit, frozen, hashes())
             else:
                 log.info(
                     "step %d: the model has no frozen tensors: no %s",
@@ -162,13 +163,12 @@ def split(model: torch.nn.Module, constant: frozenset[str]) -> tuple[Tensors, Te
     frozen: Tensors = {}
     for names in groups.values():
         complete = sorted(n for n in names if _complete(state[n]))
-        kept = complete[:1] if complete else names  # (no full view: each stored apart)
+        kept = complete[:1] or names  # (no full view: each stored apart, as a copy)
         part = frozen if all(n in frozen_names for n in names) else rest
         for name in kept:
             tensor = state[name].detach()
-            if part is frozen:
-                tensor = tensor.cpu()
-            part[name] = tensor.contiguous() if complete else tensor.contiguous().clone()
+            tensor = (tensor.cpu() if part is frozen else tensor).contiguous()
+            part[name] = tensor.clone() if len(kept) > 1 else tensor
     return rest, frozen
 
 
@@ -178,24 +178,6 @@ def _complete(tensor: torch.Tensor) -> bool:
         tensor.data_ptr() == storage.data_ptr()
         and tensor.numel() * tensor.element_size() == storage.nbytes()
     )
-
-
-def digest(tensor: torch.Tensor) -> str:
-    """The xxh3-128 hex digest of a contiguous CPU tensor's bytes (as safetensors writes
-    them: native, little-endian, order)."""
-    if tensor.numel() == 0:
-        return xxhash.xxh3_128_hexdigest(b"")
-    data = tensor.reshape(-1).view(torch.uint8).numpy()
-    return xxhash.xxh3_128_hexdigest(memoryview(data))
-
-
-def digests(tensors: Tensors, pool: ThreadPoolExecutor | None = None) -> dict[str, str]:
-    """Every tensor's :func:`digest` (on ``pool``'s threads if given: the hash releases
-    the GIL, so large tensors hash on both cores)."""
-    names = sorted(tensors)
-    if pool is None:
-        return {n: digest(tensors[n]) for n in names}
-    return dict(zip(names, pool.map(digest, (tensors[n] for n in names)), strict=True))
 
 
 def describe(tensors: Tensors, hashes: Mapping[str, str]) -> Described | None:
