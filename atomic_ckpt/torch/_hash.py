@@ -45,7 +45,7 @@ def _c_xxh3_128() -> _CFunction | None:
     buffer = ctypes.create_string_buffer(probe, len(probe))
     if _hex(fn(ctypes.addressof(buffer), len(probe))) != xxhash.xxh3_128_hexdigest(probe):
         return None
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _hex(value: _XXH128) -> str:
@@ -63,7 +63,7 @@ def digest(tensor: torch.Tensor) -> str:
     if fn is not None:
         return _hex(fn(tensor.data_ptr(), size))
     data = tensor.reshape(-1).view(torch.uint8).numpy()
-    return xxhash.xxh3_128_hexdigest(memoryview(data))
+    return xxhash.xxh3_128_hexdigest(data.data)
 
 
 def digests(
