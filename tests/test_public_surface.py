@@ -60,6 +60,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "write_bytes_atomic",
     ),
     "atomic_ckpt.torch": (
+        "FROZEN_FILE",  # added with save_state(carry_frozen=True) (issue 32)
         "MODEL_FILE",
         "OPTIMIZER_FILE",
         "SCHEDULER_FILE",

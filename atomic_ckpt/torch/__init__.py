@@ -6,7 +6,10 @@ A checkpoint made by :func:`save_state` holds:
   shared and tied tensors are stored once and restored shared);
 * ``optimizer.pt`` and ``scheduler.pt``: their ``state_dict()`` with
   ``torch.save``, loaded back with ``weights_only=True`` (never arbitrary pickle);
-* ``training_state.json``: the step, the epoch and any JSON user metadata.
+* ``training_state.json``: the step, the epoch and any JSON user metadata;
+* with ``carry_frozen=True``, ``frozen.safetensors``: the frozen parameters and the
+  constant buffers, carried from the previous checkpoint when none changed
+  (``docs/guides/incremental.md``).
 
 Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 """
@@ -14,6 +17,7 @@ Needs the ``torch`` extra: ``pip install 'atomic_ckpt[torch]'``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import operator
 import os
@@ -27,6 +31,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from atomic_ckpt import Checkpoint, CheckpointDir, VerifiedCheckpoint
+from atomic_ckpt.torch import _frozen
 from atomic_ckpt.torch._bytes import (
     _failed,
     _load_pickle,
@@ -35,6 +40,7 @@ from atomic_ckpt.torch._bytes import (
 )
 
 __all__ = [
+    "FROZEN_FILE",
     "MODEL_FILE",
     "OPTIMIZER_FILE",
     "SCHEDULER_FILE",
@@ -47,16 +53,20 @@ __all__ = [
     "write_state",
 ]
 
-MODEL_FILE = "model.safetensors"
-"""The model's parameters and buffers, in safetensors format."""
+MODEL_FILE = _frozen.MODEL_FILE
+"""The model's parameters and buffers, in safetensors format (with ``carry_frozen=True``,
+all but the frozen ones)."""
+FROZEN_FILE = _frozen.FROZEN_FILE
+"""With ``save_state(..., carry_frozen=True)``: the frozen parameters and constant buffers
+(safetensors; each tensor's xxh3-128 hash in its metadata)."""
 OPTIMIZER_FILE = "optimizer.pt"
 """The optimizer's ``state_dict`` (``torch.save``; loaded with ``weights_only=True``)."""
 SCHEDULER_FILE = "scheduler.pt"
 """The scheduler's ``state_dict`` (``torch.save``; loaded with ``weights_only=True``)."""
 STATE_FILE = "training_state.json"
 """Step, epoch and your metadata, as JSON."""
-STATE_FILES = (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE)
-"""The files :func:`write_state` writes (what a verified :func:`resume` keeps in memory)."""
+STATE_FILES = (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE, FROZEN_FILE)
+"""The files :func:`save_state` writes (what a verified :func:`resume` keeps in memory)."""
 
 
 class _Stateful(Protocol):
@@ -90,11 +100,29 @@ def write_state(
     Each file is a new one: a name already there (a file carried from a committed
     checkpoint, which shares its storage) is unlinked first, never written through."""
     out = Path(directory)
-    written = (MODEL_FILE, STATE_FILE, *_pickled(optimizer, scheduler))
-    for name in written:
+    _unlink(out, MODEL_FILE, STATE_FILE, *_pickled(optimizer, scheduler))
+    save_model(model, str(out / MODEL_FILE))
+    _write_rest(
+        out, step=step, optimizer=optimizer, scheduler=scheduler, epoch=epoch, metadata=metadata
+    )
+
+
+def _unlink(out: Path, *names: str) -> None:
+    for name in names:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(out / name)
-    save_model(model, str(out / MODEL_FILE))
+
+
+def _write_rest(
+    out: Path,
+    *,
+    step: SupportsIndex,
+    optimizer: _Stateful | None,
+    scheduler: _Stateful | None,
+    epoch: int | None,
+    metadata: Mapping[str, Any] | None,
+) -> None:
+    """The files of a state besides the model's."""
     if optimizer is not None:
         torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)
     if scheduler is not None:
@@ -112,8 +140,40 @@ def save_state(
     scheduler: _Stateful | None = None,
     epoch: int | None = None,
     metadata: Mapping[str, Any] | None = None,
+    carry_frozen: bool = False,
+    constant_buffers: Collection[str] = (),
 ) -> Checkpoint:
-    """Commit a training state as checkpoint ``step`` of ``ckpts``, atomically and durably."""
+    """Commit a training state as checkpoint ``step`` of ``ckpts``, atomically and durably.
+
+    ``carry_frozen=True`` stores the frozen parameters (``requires_grad=False``) and the
+    buffers named in ``constant_buffers`` (their ``state_dict()`` names, for buffers that
+    never change: ``["rope.inv_freq"]``) in :data:`FROZEN_FILE`, with the xxh3-128 hash of
+    each tensor in its metadata, and the rest in :data:`MODEL_FILE`. When the newest
+    complete checkpoint before ``step`` has a frozen file recording the same tensors
+    (names, dtypes, shapes and hashes), that file is carried (reflink, hard link or copy:
+    see ``Commit.carry``) instead of written; how, and why not, is logged at INFO on the
+    ``atomic_ckpt.torch`` logger. Every checkpoint still loads alone: :func:`load_state`
+    and :func:`resume` read both files. ``constant_buffers`` without ``carry_frozen``, a
+    name that is no persistent buffer of ``model``, or ``carry_frozen`` without a model
+    are errors.
+    """
+    constant = _frozen.check_options(model, carry_frozen, constant_buffers)
+    if carry_frozen:
+        return _frozen.save(
+            ckpts,
+            operator.index(step),
+            model=model,
+            constant=constant,
+            metadata=metadata,
+            write_rest=functools.partial(
+                _write_rest,
+                step=step,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                epoch=epoch,
+                metadata=metadata,
+            ),
+        )
     with ckpts.begin(step, metadata=metadata) as commit:
         write_state(
             commit.path,
@@ -254,7 +314,10 @@ def _load(
 ) -> TrainingState:
     """Load into the objects: the model from ``read`` (else its file), the rest from
     ``pickles`` (being deserialized meanwhile) and the JSON from ``read`` (else its file)."""
-    if MODEL_FILE in read:
+    both = _frozen.read_state(path, read, MODEL_FILE, device)
+    if both is not None:
+        _frozen.load_into(model, both, strict=strict)
+    elif MODEL_FILE in read:
         _load_model_bytes(model, read[MODEL_FILE], strict=strict, device=device)
     else:
         load_model(model, str(path / MODEL_FILE), strict=strict, device=device)
@@ -349,26 +412,4 @@ def _load_model_bytes(
     state = _safetensors_tensors(data)
     if device != "cpu":
         state = {k: v.to(device) for k, v in state.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = _tied_names(model, loaded=state.keys())
-    missing = [k for k in missing if k not in tied]
-    if strict and (missing or unexpected):
-        raise RuntimeError(
-            f"Error(s) in loading state_dict for {type(model).__name__}: "
-            f"missing {sorted(missing)}, unexpected {sorted(unexpected)}"
-        )
-
-
-def _tied_names(model: torch.nn.Module, *, loaded: Collection[str]) -> set[str]:
-    """The model's state names that share storage with a name the file held."""
-    by_storage: dict[tuple[torch.device, int], list[str]] = {}
-    for name, tensor in model.state_dict(keep_vars=False).items():
-        if tensor.numel() == 0:
-            continue
-        key = (tensor.device, tensor.untyped_storage().data_ptr())
-        by_storage.setdefault(key, []).append(name)
-    tied: set[str] = set()
-    for names in by_storage.values():
-        if len(names) > 1 and any(n in loaded for n in names):
-            tied.update(n for n in names if n not in loaded)
-    return tied
+    _frozen.load_into(model, state, strict=strict)

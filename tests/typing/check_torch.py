@@ -50,6 +50,8 @@ def train(ckpts: CheckpointDir, steps: int) -> None:
         )
         assert_type(ckpt, Checkpoint)
     save_state(ckpts, torch.tensor(steps), model=model)  # a 0-d tensor is a SupportsIndex
+    frozen = save_state(ckpts, steps + 1, model=model, carry_frozen=True, constant_buffers=())
+    assert_type(frozen, Checkpoint)
 
 
 def load(ckpt: Checkpoint, path: str) -> TrainingState:
