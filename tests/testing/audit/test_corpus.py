@@ -7,7 +7,9 @@ workload.py`` with its working directory a temporary copy of the case, writing u
 when the state is unusable) and ``case.json``: ``{"item": "29.<n>", "expect": "broken" |
 "refused", "why": "...", "args": [extra audit arguments, optional]}``. ``args`` come
 after the harness's own (``--root ckpts --check "python check.py ckpts"``), so a case
-may replace the root or the check (``--check-python check:check``).
+may replace the root or the check (``--check-python check:check``). An optional
+``setup.py`` runs first, untraced, to make the directory the user already has (what git
+cannot hold: hard links).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def audit_case(case: Path, work: Path) -> subprocess.CompletedProcess[str]:
     spec = json.loads((case / "case.json").read_text())
     args: list[str] = list(spec.get("args", []))
     shutil.copytree(case, work)
+    if (work / "setup.py").is_file():
+        subprocess.run([sys.executable, "setup.py"], cwd=work, check=True, timeout=60)
     own = {"--check", "--check-python"} & set(args)
     check = [] if own else ["--check", f"{sys.executable} check.py ckpts"]
     return subprocess.run(
