@@ -141,8 +141,11 @@ class _CrashModel:
                     yield from self._subset(k, covered, loose, rng, samples)
                 elif model == "kill":
                     yield from self._kill(k)
-                else:
-                    yield from self._power(k, covered, loose, rng, samples)
+                else:  # its own draws per crash point: what is sampled at k does not
+                    # shift with the operations before it (a different interleaving of a
+                    # workload's threads elsewhere leaves k's states as they were)
+                    own = random.Random(f"{seed}:{k}")
+                    yield from self._power(k, covered, loose, own, samples)
 
     def _kill(self, k: int) -> Iterator[_Candidate]:
         """A process crash: the page cache survives, so every completed operation is

@@ -62,8 +62,8 @@ _SYNCS = frozenset({"fsync", "fdatasync"})
 def in_canonical_order(calls: Iterable[Call]) -> Iterator[Call]:
     """``calls``, with each run of consecutive fsyncs that all ran at the same time (each
     began before every other ended: worker threads syncing a commit's files) ordered by
-    the path they sync rather than by which returned first, so that the same workload
-    gives the same operations run after run. Each made its file durable at some moment
+    the path they sync rather than by which returned first, so that their order does not
+    change from run to run with the threads' timing. Each made its file durable at some moment
     inside its call, so either order is one the disk may have taken and the completion
     order is no truer; the state where the other file got there first is still built, at
     the crash point before both (one file's data kept, the other's lost)."""
