@@ -5,9 +5,12 @@ A case is a directory ``corpus/<item>_<slug>/`` holding ``workload.py`` (run as 
 workload.py`` with its working directory a temporary copy of the case, writing under
 ``ckpts/``), ``check.py`` (run as ``python check.py ckpts`` on each crash state, non-zero
 when the state is unusable) and ``case.json``: ``{"item": "29.<n>", "expect": "broken" |
-"refused", "why": "...", "args": [extra audit arguments, optional]}``. ``args`` come
-after the harness's own (``--root ckpts --check "python check.py ckpts"``), so a case
-may replace the root or the check (``--check-python check:check``). An optional
+"refused", "why": "...", "args": [extra audit arguments, optional]}``. The harness
+checks with ``--root ckpts --check-python _check_shim:check``, which runs check.py as
+``python check.py ckpts`` would, in the child forked per state (no interpreter start-up
+per state: the corpus stays fast); a case's ``args`` come after and may replace the root
+or the check (``--check "python check.py ckpts"``: the command form, as the guide's naive
+example uses it). An optional
 ``setup.py`` runs first, untraced, to make the directory the user already has (what git
 cannot hold: hard links).
 """
@@ -54,8 +57,9 @@ def audit_case(case: Path, work: Path) -> subprocess.CompletedProcess[str]:
     shutil.copytree(case, work)
     if (work / "setup.py").is_file():
         subprocess.run([sys.executable, "setup.py"], cwd=work, check=True, timeout=60)
+    shutil.copy(CORPUS / "_check_shim.py", work)
     own = {"--check", "--check-python"} & set(args)
-    check = [] if own else ["--check", f"{sys.executable} check.py ckpts"]
+    check = [] if own else ["--check-python", "_check_shim:check"]
     return subprocess.run(
         [sys.executable, "-m", "atomic_ckpt.cli", "audit", "--root", "ckpts", *check, *args,
          "--", sys.executable, "workload.py"],
