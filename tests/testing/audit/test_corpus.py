@@ -50,6 +50,18 @@ def test_every_case_is_well_formed() -> None:
         assert all(isinstance(a, str) for a in spec.get("args", [])), case
 
 
+def test_every_false_clean_item_has_a_case() -> None:
+    """The definition of done: a case for each of issue 29's false-clean items (1-14), the
+    guide's naive example and each plain row of the crash table."""
+    items = [str(json.loads((c / "case.json").read_text())["item"]) for c in CASES]
+    missing = {f"29.{n}" for n in range(1, 15)} - set(items)
+    assert not missing, f"no corpus case for {sorted(missing)}"
+    assert "guide" in items
+    rows = {c.name.removeprefix("crash_table_") for c in CASES if c.name.startswith("crash_")}
+    table = Path(__file__).parents[3] / "benchmarks" / "crash_table"
+    assert rows == {p.stem for p in table.glob("*_plain.py")}
+
+
 def audit_case(case: Path, work: Path) -> subprocess.CompletedProcess[str]:
     """``atomic-ckpt audit`` of one case, run in a fresh copy of its directory."""
     spec = json.loads((case / "case.json").read_text())
