@@ -31,6 +31,7 @@ from atomic_ckpt.testing._results import (
     InvariantViolation,
     Report,
 )
+from atomic_ckpt.testing._sparse import all_zero, text
 from atomic_ckpt.testing._states import _Candidate, _CrashStates, _Flat
 from atomic_ckpt.testing.invariants import check_invariants
 
@@ -125,11 +126,11 @@ class Recording(_CrashStates):
         lines += [
             f"    {short(p)}{'/' if k == 'dir' else ''}"
             + (
-                f" ({len(b)} bytes{', all zero' if b and not any(b) else ''})"
+                f" ({len(b)} bytes{', all zero' if b and all_zero(b) else ''})"
                 if k == "file"
                 else ""
             )
-            + (f" -> {os.fsdecode(b)}" if k == "symlink" else "")
+            + (f" -> {text(b)}" if k == "symlink" else "")
             for p, k, b in flat
         ] or ["    (nothing)"]
         return "\n".join(lines)

@@ -11,6 +11,7 @@ from typing import Literal, TypeAlias
 
 from atomic_ckpt._core.l1_names.names import ROOT_LOCK, parse_tmp
 from atomic_ckpt.testing._results import Op
+from atomic_ckpt.testing._sparse import Data, load
 
 _Kind: TypeAlias = Literal["file", "dir", "symlink"]
 _UNIVERSE = 0  # the inode of the scratch directory that holds the root
@@ -20,10 +21,10 @@ _SMALL = 1 << 20
 @dataclass
 class _Inode:
     kind: _Kind
-    base_data: bytes = b""
+    base_data: Data = b""
     """Durable contents at the start (a new file starts empty; a symlink: its target)."""
     base_entries: dict[str, int] = field(default_factory=dict)
-    data: bytes = b""
+    data: Data = b""
     """Contents now (the live filesystem, as recorded)."""
     entries: dict[str, int] = field(default_factory=dict)
     real: int | None = None
@@ -89,7 +90,7 @@ class _Mirror:
             elif kind == "symlink":
                 self.inodes[new].data = os.fsencode(os.readlink(child))
             else:
-                self.inodes[new].data = child.read_bytes()
+                self.inodes[new].data = load(child)  # a sparse file's holes left out
 
     def rel(self, path: str | os.PathLike[str]) -> str | None:
         absolute = os.path.abspath(os.fspath(path))
@@ -124,9 +125,9 @@ class _Mirror:
         description: str,
         *,
         effects: tuple[tuple[str, int | None], ...] = (),
-        data: bytes = b"",
+        data: Data = b"",
         by: Literal["library", "observed", "traced"] = "library",
-        torn: bytes | None = None,
+        torn: Data | None = None,
     ) -> None:
         self.ops.append(Op(len(self.ops), kind, inode, description, effects, data, by, torn))
         if inode < 0:  # a sync of everything

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from atomic_ckpt import CheckpointDir, SyncPolicy
+from atomic_ckpt.testing._sparse import Data
 
 Model: TypeAlias = Literal["strict", "ext4", "subset"]
 MODELS: tuple[Model, ...] = ("strict", "ext4", "subset")
@@ -123,12 +124,12 @@ class Op:
     description: str
     effects: tuple[tuple[str, int | None], ...] = ()
     """entry ops: (name, inode or None for removed), applied atomically."""
-    data: bytes = b""
+    data: Data = b""
     by: Literal["library", "observed", "traced"] = "library"
     """``library``: a hooked call into ``atomic_ckpt._core.l2_syscalls.fs``; ``observed``: found by
     comparing the tree with the model (the save function's writes, ``mkdir``);
     ``traced``: a system call of an audited process (``atomic_ckpt.testing.audit``)."""
-    torn: bytes | None = None
+    torn: Data | None = None
     """data ops: the contents half-way through the writes this op stands for (None:
     the first half of ``data``, as when a new file is written in one go)."""
 

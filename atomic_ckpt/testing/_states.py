@@ -27,6 +27,7 @@ from atomic_ckpt.testing._results import (
     Op,
     Version,
 )
+from atomic_ckpt.testing._sparse import Data, prefix, text, write_to, zeros
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class _Candidate:
     note: str
 
 
-_Flat: TypeAlias = tuple[tuple[str, str, bytes], ...]
+_Flat: TypeAlias = tuple[tuple[str, str, Data], ...]
 
 
 class _CrashModel:
@@ -88,14 +89,14 @@ class _CrashModel:
             elif op.kind == "data":
                 fate = fates.get(i, "kept")
                 if fate == "zero":
-                    data[op.inode] = bytes(len(op.data))
+                    data[op.inode] = zeros(len(op.data))
                 elif fate == "torn":
                     data[op.inode] = (
-                        op.torn if op.torn is not None else op.data[: len(op.data) // 2]
+                        op.torn if op.torn is not None else prefix(op.data, len(op.data) // 2)
                     )
                 elif fate == "kept":
                     data[op.inode] = op.data
-        flat: list[tuple[str, str, bytes]] = []
+        flat: list[tuple[str, str, Data]] = []
         seen: set[int] = set()
 
         def walk(ino: int, rel: str) -> None:
@@ -140,8 +141,11 @@ class _CrashModel:
                     yield from self._subset(k, covered, loose, rng, samples)
                 elif model == "kill":
                     yield from self._kill(k)
-                else:
-                    yield from self._power(k, covered, loose, rng, samples)
+                else:  # its own draws per crash point: what is sampled at k does not
+                    # shift with the operations before it (a different interleaving of a
+                    # workload's threads elsewhere leaves k's states as they were)
+                    own = random.Random(f"{seed}:{k}")
+                    yield from self._power(k, covered, loose, own, samples)
 
     def _kill(self, k: int) -> Iterator[_Candidate]:
         """A process crash: the page cache survives, so every completed operation is
@@ -312,7 +316,8 @@ class _CrashStates(_CrashModel):
             if kind == "dir":
                 target.mkdir()
             elif kind == "symlink":
-                os.symlink(os.fsdecode(payload), target)
+                os.symlink(text(payload), target)
             else:
-                target.write_bytes(payload)
+                with open(target, "wb") as f:
+                    write_to(f, payload)
         return top / self._root_rel

@@ -22,7 +22,7 @@ class WorkloadFailed(AuditError):
 
 class CannotRebuild(AuditError):
     """Replaying the recording does not give the tree the workload left: some write was
-    not seen (an mmap without msync, a process outside the trace, O_DIRECT), so the crash
+    not seen (a process outside the trace, a path through an alias, O_DIRECT), so the crash
     states would be wrong and the audit refuses to judge them."""
 
     def __init__(self, root: str, mismatches: list[tuple[str, str]]) -> None:
@@ -31,7 +31,7 @@ class CannotRebuild(AuditError):
         super().__init__(
             f"cannot rebuild the crash states of {root}: replaying the recorded operations "
             f"does not reproduce the tree the workload left, so some write was not seen "
-            f"(a shared mmap written without msync, a process outside the trace, O_DIRECT). "
+            f"(a process outside the trace, a path through an alias of it, O_DIRECT). "
             f"Nothing was judged. Differences:\n{lines}{more}"
         )
         self.root = root

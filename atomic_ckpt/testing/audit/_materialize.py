@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from atomic_ckpt.testing._sparse import Data, stored, text, write_to
 from atomic_ckpt.testing._states import _Flat
 from atomic_ckpt.testing.audit._errors import AuditError
 
@@ -73,7 +74,7 @@ class Materializer:
 
     def __init__(self, target: Path) -> None:
         self.target = target
-        self._shown: dict[str, tuple[str, bytes, _Key]] = {}
+        self._shown: dict[str, tuple[str, Data, _Key]] = {}
         self.written = 0
         """Bytes written so far (the cost of materialising)."""
 
@@ -94,14 +95,14 @@ class Materializer:
                     os.mkdir(name, dir_fd=at)
                     key = _key(os.lstat(name, dir_fd=at))
                 elif kind == "symlink":
-                    os.symlink(os.fsdecode(payload), name, dir_fd=at)
+                    os.symlink(text(payload), name, dir_fd=at)
                     key = _key(os.lstat(name, dir_fd=at))
                 else:
                     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
                     with open(os.open(name, flags, 0o644, dir_fd=at), "wb") as f:
-                        f.write(payload)
+                        write_to(f, payload)  # a sparse file's holes as holes
                         key = _key(os.fstat(f.fileno()))
-                    self.written += len(payload)
+                    self.written += stored(payload)
                 self._shown[path] = (kind, payload if kind != "dir" else b"", key)
         finally:
             for fd in dirs.values():
@@ -114,7 +115,7 @@ class Materializer:
             at = dirs[parent] = self._open_dir(dirs, parent)
         return os.open(name, _DIR, dir_fd=at)
 
-    def _prune(self, fd: int, rel: str, want: dict[str, tuple[str, bytes]]) -> None:
+    def _prune(self, fd: int, rel: str, want: dict[str, tuple[str, Data]]) -> None:
         for name in os.listdir(fd):
             path = f"{rel}{name}"
             try:

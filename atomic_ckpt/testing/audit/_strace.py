@@ -99,6 +99,10 @@ class Call:
     data: bytearray = field(default_factory=bytearray)
     """The bytes written (``write``, ``pwrite64``, ``writev``...), from the hex dump."""
     line: int = 0
+    """The trace line the call completed on."""
+    start: int = 0
+    """The trace line it began on (earlier than ``line`` when another thread's call was
+    printed in between: the two ran at the same time)."""
 
 
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
@@ -197,7 +201,7 @@ def _decode_dump(hexpart: str, into: bytearray) -> None:
 
 def read_calls(trace: Path) -> Iterator[Call]:
     """The completed calls of a trace file, in completion order."""
-    pending: dict[int, str] = {}
+    pending: dict[int, tuple[str, int]] = {}
     last: Call | None = None
     with open(trace, encoding="utf-8", errors="surrogateescape") as f:
         for number, raw in enumerate(f, 1):
@@ -215,16 +219,16 @@ def read_calls(trace: Path) -> Iterator[Call]:
             if last is not None:
                 yield last
                 last = None
-            tid, text = int(m[1]), m[2]
+            tid, text, start = int(m[1]), m[2], number
             if text.endswith(_UNFINISHED):
-                pending[tid] = text[: -len(_UNFINISHED)]
+                pending[tid] = (text[: -len(_UNFINISHED)], number)
                 continue
             r = _RESUMED.match(text)
             if r is not None:
                 head = pending.pop(tid, None)
                 if head is None:
                     continue
-                text = head + r[2]
+                text, start = head[0] + r[2], head[1]
             paren = text.find("(")
             if paren <= 0:
                 continue
@@ -236,6 +240,6 @@ def read_calls(trace: Path) -> Iterator[Call]:
             if rm is not None and rm[1] != "?" and not rest.lstrip("= ").startswith("-1 E"):
                 ret = int(rm[1], 0)
                 ret_path = unescape(rm[2]) if rm[2] is not None else None
-            last = Call(tid, name, args, ret, ret_path, line=number)
+            last = Call(tid, name, args, ret, ret_path, line=number, start=start)
     if last is not None:
         yield last

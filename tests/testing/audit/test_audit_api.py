@@ -131,7 +131,7 @@ os.close(fd)
 
 
 def test_a_write_the_trace_cannot_see_is_refused_not_judged(tmp_path: Path) -> None:
-    """An mmap write without msync: replay differs from the final tree, the audit refuses."""
+    """An mmap write without msync: the shared writable mapping is refused (issue 29.4)."""
     root = tmp_path / "ckpts"
     ran = tmp_path / "ran"
 
@@ -141,7 +141,7 @@ def test_a_write_the_trace_cannot_see_is_refused_not_judged(tmp_path: Path) -> N
     with pytest.raises(CannotRebuild) as info:
         audit([*script(tmp_path, "mapped_write.py", MMAP), str(root)], check, root=root)
     assert info.value.paths == ["mapped.bin"]
-    assert "mapped shared and writable" in str(info.value)
+    assert "mapped shared through a descriptor open for writing" in str(info.value)
     assert not ran.exists()  # nothing was judged
     assert not root.exists()
 

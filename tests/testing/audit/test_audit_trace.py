@@ -130,10 +130,10 @@ os.close(fd)
 
 def test_a_mapping_flushed_with_msync_is_refused(tmp_path: Path) -> None:
     """mmap + msync: the trace cannot tell the bytes in the mapping at the msync from
-    stores made after it (issue 29.4), so unless the msync's thread unmaps at once the
-    audit refuses rather than credit the final bytes to the msync."""
+    stores made after it (issue 29.4), so a shared mapping through a writable descriptor
+    is refused at the mmap, whatever follows it."""
     root = tmp_path / "ckpts"
-    with pytest.raises(CannotRebuild, match="stays mapped after its msync"):
+    with pytest.raises(CannotRebuild, match="mapped shared through a descriptor open for"):
         audit([*script(tmp_path, "mapped.py", MAPPED), str(root)], lambda p: None, root=root)
 
 

@@ -11,10 +11,10 @@ boundaries between them apart but a crash in the middle, which the torn state st
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from atomic_ckpt.testing._mirror import _UNIVERSE
-from atomic_ckpt.testing.audit._strace import Call
+from atomic_ckpt.testing.audit._strace import Call, fd_arg
 from atomic_ckpt.testing.audit._syscalls import IGNORED, MODELLED, TABLE, WORKLOAD_WIDE
 from atomic_ckpt.testing.audit._trace._data import _Data
 from atomic_ckpt.testing.audit._trace._descriptors import _Descriptors
@@ -43,7 +43,7 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
         self._inode_names: dict[int, str] = {}
         self._name_tree(_UNIVERSE, "")
         self._outside_links()
-        for call in calls:
+        for call in in_canonical_order(calls):
             how, why = TABLE.get(call.name, ("", "not in the audit's allow-list"))
             if how not in (MODELLED, IGNORED):
                 if call.name in WORKLOAD_WIDE or self._touches(call):
@@ -51,8 +51,29 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
                 continue
             if call.ret is None or how == IGNORED:
                 continue
-            self._check_mapped(call)
             self.calls += 1
             getattr(self, "_sys_" + call.name)(call)
-        self._end_mapped()
         self._flush()
+
+
+_SYNCS = frozenset({"fsync", "fdatasync"})
+
+
+def in_canonical_order(calls: Iterable[Call]) -> Iterator[Call]:
+    """``calls``, with each run of consecutive fsyncs that all ran at the same time (each
+    began before every other ended: worker threads syncing a commit's files) ordered by
+    the path they sync rather than by which returned first, so that their order does not
+    change from run to run with the threads' timing. Each made its file durable at some moment
+    inside its call, so either order is one the disk may have taken and the completion
+    order is no truer; the state where the other file got there first is still built, at
+    the crash point before both (one file's data kept, the other's lost)."""
+    group: list[Call] = []
+    for call in calls:
+        if group and call.name in _SYNCS and call.ret is not None and call.start < group[0].line:
+            group.append(call)
+            continue
+        yield from sorted(group, key=lambda c: fd_arg(c.args[0])[1] or "" if c.args else "")
+        group = [call] if call.name in _SYNCS and call.ret is not None else []
+        if not group:
+            yield call
+    yield from sorted(group, key=lambda c: fd_arg(c.args[0])[1] or "" if c.args else "")

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from pathlib import Path
 
-from atomic_ckpt.testing._mirror import _UNIVERSE
+from atomic_ckpt.testing._sparse import read
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg
 from atomic_ckpt.testing.audit._trace._model import _Open, _Replay
 
 _FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x1, 0x2, 0x10
-_PROT_WRITE, _MAP_SHARED = 0x2, 0x1
-_MS_SYNC = 0x4
+_MAP_SHARED = 0x1  # MAP_SHARED_VALIDATE (0x3) included
 
 
 class _Data(_Replay):
     """write, writev, pwrite64, pwritev, pwritev2, read, readv, lseek, ftruncate, truncate,
-    fallocate, sendfile, copy_file_range, mmap, msync, munmap."""
+    fallocate, sendfile, copy_file_range, mmap (a writable shared mapping refused)."""
 
     def _written(self, call: Call, opened: _Open | None, offset: int | None) -> None:
         if opened is None or opened.inode is None:
@@ -92,7 +89,7 @@ class _Data(_Replay):
             self._truncated(opened.inode, opened.path, int_arg(call.args[1]), "ftruncate")
 
     def _sys_truncate(self, call: Call) -> None:
-        where = self._where(call.tid, None, call.args[0], follow=True)
+        where = self._where(call, None, call.args[0], follow=True)
         if where is not None:
             self._truncated(where[2], where[3], int_arg(call.args[1]), "truncate")
 
@@ -105,7 +102,7 @@ class _Data(_Replay):
         if mode & (_FALLOC_PUNCH_HOLE | _FALLOC_ZERO_RANGE):
             end = offset + length if mode & _FALLOC_KEEP_SIZE == 0 else min(size, offset + length)
             if end > offset:
-                self._change(opened.inode, "write", offset, bytes(end - offset))
+                self._change(opened.inode, "zero", offset, length=end - offset)
         elif mode & ~_FALLOC_KEEP_SIZE:
             self._refuse(call, f"fallocate mode {mode:#x}", opened.path)
         elif not mode & _FALLOC_KEEP_SIZE and offset + length > size:
@@ -129,7 +126,7 @@ class _Data(_Replay):
         if start < 0:
             self.unseen.setdefault(target.path, f"{call.name} from an unknown offset")
             return
-        call.data = bytearray(self.content[source.inode][start : start + (call.ret or 0)])
+        call.data = bytearray(read(self.content[source.inode], start, call.ret or 0))
         self._written(call, target, None)
 
     def _copied_in(self, call: Call, source: _Open, target: _Open, offset: str) -> None:
@@ -162,98 +159,26 @@ class _Data(_Replay):
         self._copied(call, self._file(call, 0), self._file(call, 2), call.args[1])
 
     def _sys_mmap(self, call: Call) -> None:
+        """A shared mapping of a file under the tree through a descriptor open for writing
+        is refused (issue 29.4): stores through it are no system call, so the trace sees
+        neither their bytes nor when they happen (before or after an msync, the munmap or
+        a fsync), and an msync flushes only what was stored before it. The descriptor's
+        access mode, not the mapping's PROT_WRITE, decides: mprotect (not traced) can
+        make a read-only shared mapping writable when the descriptor allows it."""
         if len(call.args) < 5 or call.ret is None:
             return
-        prot, flags = int_arg(call.args[2]), int_arg(call.args[3])
-        if prot & _PROT_WRITE and flags & _MAP_SHARED and fd_arg(call.args[4])[0] >= 0:
-            opened = self._file(call, 4)
-            if opened is not None and opened.inode is not None:
-                self.unseen.setdefault(
-                    opened.path,
-                    "mapped shared and writable: the trace sees the bytes only at msync",
-                )
-                maps = self.mappings.setdefault(id(self._table(call.tid)), [])
-                maps.append((call.ret, int_arg(call.args[1]), opened.inode, opened.path))
-
-    def _sys_msync(self, call: Call) -> None:
-        """Writes through a mapping become visible here; their bytes are read from the
-        final tree afterwards (:meth:`fill_mapped`), which is right only if nothing
-        changes the file later: otherwise the audit refuses."""
-        start, length = int_arg(call.args[0]), int_arg(call.args[1])
-        for base, size, inode, path in self.mappings.get(id(self._table(call.tid)), []):
-            if base < start + length and start < base + size:
-                self._flush()
-                self._mapped.append((len(self.ops), inode, path))
-                self.emit(
-                    "data",
-                    inode,
-                    f"msync {path} (bytes written through a mapping)",
-                    data=bytes(self.content[inode]),
-                    by="traced",
-                )
-                if int_arg(call.args[2]) & _MS_SYNC:
-                    self._op("sync", inode, f"msync MS_SYNC {path} (durable)")
-                self._await_unmap[call.tid] = (base, size, path)
-
-    def _sys_munmap(self, call: Call) -> None:
-        start, length = int_arg(call.args[0]), int_arg(call.args[1])
-        maps = self.mappings.get(id(self._table(call.tid)), [])
-        maps[:] = [m for m in maps if not (m[0] < start + length and start < m[0] + m[1])]
-
-    def _check_mapped(self, call: Call) -> None:
-        """Only bytes in a mapping at its msync are flushed by it; the trace reads them
-        from the final tree, which is right only if no store can follow: the msync's
-        thread must unmap the mapping next (else the audit refuses)."""
-        waiting = self._await_unmap.pop(call.tid, None)
-        if waiting is None:
+        flags, fd = int_arg(call.args[3]), fd_arg(call.args[4])[0]
+        if not flags & _MAP_SHARED or fd < 0:
+            return  # private or anonymous: stores never reach a file
+        opened = self._file(call, 4)
+        if opened is None or opened.inode is None or not opened.writable:
             return
-        base, size, path = waiting
-        if call.name == "munmap":
-            start, length = int_arg(call.args[0]), int_arg(call.args[1])
-            if start <= base and base + size <= start + length:
-                return
+        if self.inodes[opened.inode].kind != "file":
+            return
         self._refuse(
-            call, f"{path} stays mapped after its msync: later stores cannot be seen", path
+            call,
+            f"{opened.path} mapped shared through a descriptor open for writing: stores "
+            "through a mapping are invisible to the trace (their bytes, and whether they "
+            "came before or after an msync)",
+            opened.path,
         )
-
-    def _end_mapped(self) -> None:
-        for tid, (_, _, path) in self._await_unmap.items():
-            self.refusals.append(
-                (path, f"cannot rebuild: {path} stays mapped after its msync (thread {tid})")
-            )
-        self._await_unmap.clear()
-
-    def fill_mapped(self, root: Path) -> list[tuple[str, str]]:
-        """Give each msync its bytes: the file as the workload left it, when no later
-        operation changed it; what cannot be known this way is returned (path, why)."""
-        refused: list[tuple[str, str]] = list(self.refusals)
-        for index, inode, path in self._mapped:
-            later = [op for op in self.ops[index + 1 :] if op.kind == "data" and op.inode == inode]
-            final = self._final_path(inode)
-            if later or final is None:
-                refused.append(
-                    (
-                        path,
-                        "written through a mapping and changed (or removed) later: "
-                        "the bytes at msync are unknown",
-                    )
-                )
-                continue
-            data = (root / final).read_bytes()
-            self.ops[index] = dataclasses.replace(self.ops[index], data=data)
-            self.content[inode] = bytearray(data)
-            self.unseen.pop(path, None)
-        return refused
-
-    def _final_path(self, inode: int) -> str | None:
-        def walk(ino: int, rel: str) -> str | None:
-            for name, child in self.inodes[ino].entries.items():
-                if child == inode:
-                    return rel + name
-                if self.inodes[child].kind == "dir":
-                    found = walk(child, f"{rel}{name}/")
-                    if found is not None:
-                        return found
-            return None
-
-        return walk(_UNIVERSE, "")

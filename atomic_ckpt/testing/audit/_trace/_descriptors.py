@@ -1,4 +1,5 @@
-"""Replay of the descriptor calls: open, openat, openat2, creat, close, dup, dup2, dup3, fcntl."""
+"""Replay of the descriptor calls: open, openat, openat2, creat, close, close_range, dup,
+dup2, dup3, fcntl, execve (close-on-exec)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import os
 
 from atomic_ckpt.testing._mirror import _UNIVERSE
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
-from atomic_ckpt.testing.audit._trace._model import _Open, _Replay
+from atomic_ckpt.testing.audit._trace._model import _Open, _Replay, _Table
 
-_F_DUPFD, _F_DUPFD_CLOEXEC = 0, 1030
+_F_DUPFD, _F_DUPFD_CLOEXEC, _F_SETFD, _FD_CLOEXEC = 0, 1030, 2, 1
 _CLOSE_RANGE_CLOEXEC = 4
 
 
@@ -22,7 +23,8 @@ class _Descriptors(_Replay):
         if rel is None:  # outside the root (or a decoration strace could not give)
             rel = self._rel(self._absolute(call.tid, dirfd, unescape(path_arg)))
         if rel is None:
-            self._table(call.tid)[fd] = _Open(None, "", outside=call.ret_path)
+            opened = _Open(None, "", outside=call.ret_path, writable=False)
+            self._table(call.tid).put(fd, opened, cloexec=bool(flags & os.O_CLOEXEC))
             return
         inode: int | None = _UNIVERSE if rel == "" else None
         if rel:
@@ -38,12 +40,14 @@ class _Descriptors(_Replay):
                     self.unseen.setdefault(rel, "opened, but the trace never saw it created")
         if inode is not None and flags & os.O_TRUNC:  # Linux truncates even on O_RDONLY
             self._truncated(inode, rel, 0, f"{call.name} O_TRUNC")
-        self._table(call.tid)[fd] = _Open(
+        opened = _Open(
             inode,
             rel,
             append=bool(flags & os.O_APPEND),
             sync=bool(flags & (os.O_SYNC | os.O_DSYNC)),
+            writable=flags & os.O_ACCMODE != os.O_RDONLY,
         )
+        self._table(call.tid).put(fd, opened, cloexec=bool(flags & os.O_CLOEXEC))
 
     def _sys_openat(self, call: Call) -> None:
         self._open(call, call.args[0], call.args[1], int_arg(call.args[2]))
@@ -61,23 +65,40 @@ class _Descriptors(_Replay):
         self._open(call, call.args[0], call.args[1], flags)
 
     def _sys_close(self, call: Call) -> None:
-        self._table(call.tid).pop(fd_arg(call.args[0])[0], None)
+        self._table(call.tid).drop(fd_arg(call.args[0])[0])
 
     def _sys_close_range(self, call: Call) -> None:
         first, last = int_arg(call.args[0]), int_arg(call.args[1])
-        if len(call.args) > 2 and int_arg(call.args[2]) & _CLOSE_RANGE_CLOEXEC:
-            return  # only marked close-on-exec
         table = self._table(call.tid)
         for fd in [fd for fd in table if first <= fd <= (last if last >= 0 else 2**32)]:
-            del table[fd]
+            if len(call.args) > 2 and int_arg(call.args[2]) & _CLOSE_RANGE_CLOEXEC:
+                table.cloexec.add(fd)  # only marked close-on-exec
+            else:
+                table.drop(fd)
 
-    def _dup(self, call: Call) -> None:
+    def _dup(self, call: Call, cloexec: bool = False) -> None:
         opened = self._file(call)
         if opened is not None and call.ret is not None:
-            self._table(call.tid)[call.ret] = opened
+            self._table(call.tid).put(call.ret, opened, cloexec)
 
-    _sys_dup = _sys_dup2 = _sys_dup3 = _dup
+    _sys_dup = _sys_dup2 = _dup
+
+    def _sys_dup3(self, call: Call) -> None:
+        self._dup(call, len(call.args) > 2 and bool(int_arg(call.args[2]) & os.O_CLOEXEC))
 
     def _sys_fcntl(self, call: Call) -> None:
-        if len(call.args) > 1 and int_arg(call.args[1]) in (_F_DUPFD, _F_DUPFD_CLOEXEC):
-            self._dup(call)
+        command = int_arg(call.args[1]) if len(call.args) > 1 else -1
+        if command in (_F_DUPFD, _F_DUPFD_CLOEXEC):
+            self._dup(call, command == _F_DUPFD_CLOEXEC)
+        elif command == _F_SETFD and len(call.args) > 2:
+            fd = fd_arg(call.args[0])[0]
+            table = self._table(call.tid)
+            if fd in table:
+                table.put(fd, table[fd], bool(int_arg(call.args[2]) & _FD_CLOEXEC))
+
+    def _sys_execve(self, call: Call) -> None:
+        """The new program keeps the descriptors not marked close-on-exec, in a table of
+        its own (execve unshares a table its threads shared)."""
+        table = self._table(call.tid)
+        kept = {fd: opened for fd, opened in table.items() if fd not in table.cloexec}
+        self.tables[call.tid] = _Table(kept)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from atomic_ckpt.testing._mirror import _UNIVERSE, _Mirror
+from atomic_ckpt.testing._sparse import Buffer, Data, cut, freeze, put, text, thaw, zero
 from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, unescape
+
+_PROC_ALIAS = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/(cwd|root|fd/\d+)(/|$)")
 
 
 @dataclass
@@ -20,8 +25,27 @@ class _Open:
     pos: int = 0
     append: bool = False
     sync: bool = False
+    writable: bool = True
+    """Opened for writing (O_WRONLY, O_RDWR); unknown (placed by path only) counts as so."""
     outside: str | None = None
     """The path of a file outside the audited tree (its bytes read for a copy in)."""
+
+
+class _Table(dict[int, _Open]):
+    """A descriptor table (a process's, shared by its threads) and which of its
+    descriptors are close-on-exec: an execve leaves them out of the new program's."""
+
+    def __init__(self, entries: dict[int, _Open] | None = None, cloexec: Iterable[int] = ()):
+        super().__init__(entries or {})
+        self.cloexec: set[int] = set(cloexec)
+
+    def put(self, fd: int, opened: _Open, cloexec: bool) -> None:
+        self[fd] = opened
+        (self.cloexec.add if cloexec else self.cloexec.discard)(fd)
+
+    def drop(self, fd: int) -> None:
+        self.pop(fd, None)
+        self.cloexec.discard(fd)
 
 
 @dataclass
@@ -29,8 +53,9 @@ class _Run:
     """Consecutive writes to one file, logged as one data operation when they end."""
 
     inode: int
-    before: bytes
-    events: list[tuple[str, int, bytes]] = field(default_factory=list)
+    before: Data
+    events: list[tuple[str, int, bytes, int]] = field(default_factory=list)
+    """(write, offset, payload, 0), (truncate, length, b"", 0), (zero, offset, b"", length)"""
     calls: int = 0
     written: int = 0
 
@@ -45,19 +70,15 @@ class _Replay(_Mirror):
         super().__init__(root)
         self.root_real = os.path.realpath(root)
         self.root_alias = os.path.abspath(root)
-        self.content: dict[int, bytearray] = {
-            i: bytearray(n.data) for i, n in enumerate(self.inodes) if n.kind == "file"
+        self.content: dict[int, Buffer] = {
+            i: thaw(n.data) for i, n in enumerate(self.inodes) if n.kind == "file"
         }
-        self.tables: dict[int, dict[int, _Open]] = {}
+        self.tables: dict[int, _Table] = {}
         self.cwd: dict[int, list[str]] = {}
         """Each thread's working directory, one shared cell for threads made with CLONE_FS."""
         self.unseen: dict[str, str] = {}
         self.calls = 0
         self._run: _Run | None = None
-        self.mappings: dict[int, list[tuple[int, int, int, str]]] = {}
-        """Shared writable mappings of files under the root, per address space."""
-        self._mapped: list[tuple[int, int, str]] = []
-        self._await_unmap: dict[int, tuple[int, int, str]] = {}
         self.dirty: set[int] = set()
         """Files with data operations no fsync has covered yet."""
         self._start_cwd = os.getcwd()
@@ -87,7 +108,7 @@ class _Replay(_Mirror):
             node = self.inodes[inode]
             if node.kind != "symlink":
                 continue
-            target = os.fsdecode(node.data)
+            target = text(node.data)
             parent = os.path.dirname(os.path.join(self.root_real, rel))
             if self._rel(os.path.join(parent, target)) is None:
                 self.refusals.append(
@@ -160,7 +181,7 @@ class _Replay(_Mirror):
             if last and not follow:
                 return ino, part, child
             if child is not None and self.inodes[child].kind == "symlink":
-                target = os.fsdecode(self.inodes[child].data)
+                target = text(self.inodes[child].data)
                 joined = (
                     target if os.path.isabs(target) else os.path.join(self.root_real, *done, target)
                 )
@@ -180,13 +201,30 @@ class _Replay(_Mirror):
         return None
 
     def _where(
-        self, tid: int, dirfd: str | None, path_arg: str, *, follow: bool = False
+        self, call: Call, dirfd: str | None, path_arg: str, *, follow: bool = False
     ) -> tuple[int, str, int | None, str] | None:
-        rel = self._rel(self._absolute(tid, dirfd, unescape(path_arg)))
+        absolute = os.path.normpath(self._absolute(call.tid, dirfd, unescape(path_arg)))
+        rel = self._rel(absolute)
+        if rel is None:
+            self._alias(call, absolute)
         if rel is None or rel == "":
             return None
         found = self._walk(rel, follow=follow)
         return None if found is None else (*found, rel)
+
+    def _alias(self, call: Call, path: str) -> None:
+        """A change to a path outside the tree by its spelling that may lead into it is
+        refused: one through /proc/PID/cwd, root or fd/N (the kernel resolves those
+        against the process, the recorder cannot), or one whose directory resolves (now,
+        after the run, through symlinks outside the tree) to a directory in the tree."""
+        proc = _PROC_ALIAS.match(path)
+        parent = os.path.dirname(path)
+        if proc is None and self._rel(os.path.realpath(parent)) is None:
+            return
+        through = proc[0] if proc is not None else f"{parent} -> {os.path.realpath(parent)}"
+        self._refuse(
+            call, f"{path} is spelled through an alias of the audited tree ({through})", path
+        )
 
     def _name_of(self, rel: str) -> str:
         return rel or "."
@@ -197,17 +235,21 @@ class _Replay(_Mirror):
         run, self._run = self._run, None
         if run is None:
             return
-        data = bytes(self.content[run.inode])
-        torn = bytearray(run.before)
+        data = freeze(self.content[run.inode])
+        torn = thaw(run.before)
         half, done = run.written // 2, 0
-        for kind, offset, payload in run.events:
+        for kind, offset, payload, length in run.events:
             if kind == "truncate":
-                del torn[offset:]
-                torn.extend(bytes(max(0, offset - len(torn))))
+                torn = cut(torn, offset)
                 continue
-            take = payload[: max(0, half - done)] if done + len(payload) > half else payload
-            _put(torn, offset, take)
-            done += len(take)
+            if kind == "zero":
+                take_zero = min(length, max(0, half - done))
+                torn = zero(torn, offset, take_zero)
+                done += take_zero
+            else:
+                take = payload[: max(0, half - done)] if done + len(payload) > half else payload
+                torn = put(torn, offset, take)
+                done += len(take)
             if done >= half:
                 break
         name = self._inode_names.get(run.inode, "?")
@@ -218,7 +260,7 @@ class _Replay(_Mirror):
             f"write {name} ({what}; now {len(data)} bytes)",
             data=data,
             by="traced",
-            torn=bytes(torn) if run.written else data,
+            torn=freeze(torn) if run.written else data,
         )
 
     def _op(
@@ -238,20 +280,27 @@ class _Replay(_Mirror):
             else:
                 self.dirty.discard(inode)
 
-    def _change(self, inode: int, kind: str, offset: int, payload: bytes = b"") -> None:
+    def _change(
+        self, inode: int, kind: str, offset: int, payload: bytes = b"", length: int = 0
+    ) -> None:
+        """A write of ``payload``, a truncate to ``offset`` or zeros over ``length`` bytes
+        (a punched hole: held as a hole, :mod:`.._sparse`) joins the file's run."""
         if self._run is None or self._run.inode != inode:
             self._flush()
-            self._run = _Run(inode, bytes(self.content[inode]))
+            self._run = _Run(inode, freeze(self.content[inode]))
         run = self._run
         buf = self.content[inode]
         if kind == "truncate":
-            del buf[offset:]
-            buf.extend(bytes(max(0, offset - len(buf))))
+            self.content[inode] = cut(buf, offset)
+        elif kind == "zero":
+            self.content[inode] = zero(buf, offset, length)
+            run.calls += 1
+            run.written += length
         else:
-            _put(buf, offset, payload)
+            self.content[inode] = put(buf, offset, payload)
             run.calls += 1
             run.written += len(payload)
-        run.events.append((kind, offset, payload))
+        run.events.append((kind, offset, payload, length))
 
     def _name_tree(self, ino: int, rel: str) -> None:
         for name, child in self.inodes[ino].entries.items():
@@ -260,22 +309,28 @@ class _Replay(_Mirror):
             if self.inodes[child].kind == "dir":
                 self._name_tree(child, path + "/")
 
-    def _table(self, tid: int) -> dict[int, _Open]:
-        return self.tables.setdefault(tid, {})
+    def _table(self, tid: int) -> _Table:
+        return self.tables.setdefault(tid, _Table())
 
     def _file(self, call: Call, arg: int = 0) -> _Open | None:
         fd, decoration = fd_arg(call.args[arg]) if len(call.args) > arg else (-1, None)
         opened = self._table(call.tid).get(fd)
+        rel = self._rel(decoration)
+        if opened is not None and opened.outside is None and decoration and rel is None:
+            # strace's path for the descriptor is outside the tree, the table's entry a
+            # file in it: the entry is stale (its number reused by a call the trace does
+            # not show, such as pipe or socket), so the call touches nothing here
+            self._table(call.tid).drop(fd)
+            return None
         if opened is not None:
             return opened
-        rel = self._rel(decoration)
         if rel is None:
             return None
         # a descriptor opened before the trace knew this thread's table: find it by path
         found = self._walk(rel, follow=False) if rel else (0, "", _UNIVERSE)
         inode = None if found is None else found[2]
         opened = _Open(inode, rel, pos=-1)
-        self._table(call.tid)[fd] = opened
+        self._table(call.tid).put(fd, opened, cloexec=False)
         return opened
 
     def _flush_named(self, inode: int, description: str) -> None:
@@ -284,7 +339,7 @@ class _Replay(_Mirror):
         if run is None:
             return
         self._run = None
-        self.emit("data", inode, description, data=bytes(self.content[inode]), by="traced")
+        self.emit("data", inode, description, data=freeze(self.content[inode]), by="traced")
         del run
 
     def _truncated(self, inode: int | None, rel: str, length: int, name: str) -> None:
@@ -295,9 +350,3 @@ class _Replay(_Mirror):
         self._flush()
         self._change(inode, "truncate", length)
         self._flush_named(inode, f"{name} {rel} to {length} bytes")
-
-
-def _put(buf: bytearray, offset: int, payload: bytes) -> None:
-    if offset > len(buf):
-        buf.extend(bytes(offset - len(buf)))
-    buf[offset : offset + len(payload)] = payload

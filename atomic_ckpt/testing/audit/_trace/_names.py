@@ -23,7 +23,7 @@ class _Names(_Replay):
         self._mkdir(call, call.args[0], call.args[1])
 
     def _mkdir(self, call: Call, dirfd: str | None, path: str) -> None:
-        where = self._where(call.tid, dirfd, path)
+        where = self._where(call, dirfd, path)
         if where is None:
             return
         parent, name, _, rel = where
@@ -42,7 +42,7 @@ class _Names(_Replay):
     def _removed(self, call: Call, dirfd: str | None, path: str) -> None:
         if self._is_root(call, dirfd, path):
             return
-        where = self._where(call.tid, dirfd, path)
+        where = self._where(call, dirfd, path)
         if where is None or where[2] is None:
             return
         parent, name, _, rel = where
@@ -65,8 +65,8 @@ class _Names(_Replay):
         if flags & _RENAME_WHITEOUT:
             self._refuse(call, "RENAME_WHITEOUT (an overlay whiteout)")
             return
-        src = self._where(call.tid, *old)
-        dst = self._where(call.tid, *new)
+        src = self._where(call, *old)
+        dst = self._where(call, *new)
         if src is None and dst is None:
             return
         verb = (
@@ -120,8 +120,8 @@ class _Names(_Replay):
         *,
         follow: bool,
     ) -> None:
-        src = self._where(call.tid, *old, follow=follow)
-        dst = self._where(call.tid, *new)
+        src = self._where(call, *old, follow=follow)
+        dst = self._where(call, *new)
         if dst is None:
             if src is not None and src[2] is not None:  # a second name outside the tree:
                 self._refuse(  # writes through it would change the tree unseen
@@ -143,7 +143,7 @@ class _Names(_Replay):
         )
 
     def _symlinked(self, call: Call, target: str, nd: str | None, new: str) -> None:
-        dst = self._where(call.tid, nd, new)
+        dst = self._where(call, nd, new)
         if dst is None:
             return
         text = unescape(target)

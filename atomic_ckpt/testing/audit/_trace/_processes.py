@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
-from atomic_ckpt.testing.audit._trace._model import _Replay
+from atomic_ckpt.testing.audit._trace._model import _Replay, _Table
 
 _CLONE_FS = 0x200
 _CLONE_FILES = 0x400
@@ -33,14 +33,14 @@ class _Processes(_Replay):
         child = call.ret
         assert child is not None
         parent = self._table(call.tid)
-        own = self.tables.get(child, {})
+        own = self.tables.get(child, _Table())
         # The child may have run before its parent's clone returned (strace prints the two
         # in completion order): what it opened meanwhile joins the table, but a descriptor
         # it could only place by path never replaces the parent's own entry.
-        table = parent if flags & _CLONE_FILES else dict(parent)
+        table = parent if flags & _CLONE_FILES else _Table(parent, parent.cloexec)
         for fd, opened in own.items():
             if opened.pos >= 0 or fd not in table:  # pos -1: placed by path only
-                table[fd] = opened
+                table.put(fd, opened, fd in own.cloexec)
         self.tables[child] = table
         cwd = self._cwd(call.tid)
         # CLONE_FS (every thread): one working directory; else the child's own copy

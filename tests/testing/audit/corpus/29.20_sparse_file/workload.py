@@ -1,5 +1,5 @@
-# A naive save next to an 8 TiB sparse file (a hole, nothing on disk): the model cannot
-# hold it, and the audit must say so (exit 2), not crash with the status of a violation.
+# A naive save next to an 8 TiB sparse file (a hole, nothing on disk): the model holds it
+# by the data it has, not its size, and judges the save (broken: a kill after the mkdir).
 import os
 
 os.makedirs("ckpts/1", exist_ok=True)
