@@ -200,7 +200,7 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId) -> Linked | None
     except OSError as exc:
         log.info("dedup: %s not linked (%s); the file written stays", rel, exc.strerror or exc)
         return None
-    assert how != "copy"
+    linked: Linked = "reflink" if how == "reflink" else "hardlink"  # never a copy: not asked
     try:
         after: FileId | None = file_id(_stat_at(top_fd, rel))
     except OSError:
@@ -214,7 +214,7 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId) -> Linked | None
             rel,
         )
         return None
-    return how
+    return linked
 
 
 def _stat_at(top_fd: int, rel: str) -> os.stat_result:

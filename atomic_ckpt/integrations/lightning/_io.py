@@ -232,7 +232,7 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
                 )
 
     def _save_now(self, checkpoint: dict[str, Any], path: str) -> None:
-        digest = None
+        digest: str | None = None
         with atomic_write(path, durable=self.durable, parents=True) as tmp:
             if self.checksum is None:
                 torch.save(checkpoint, tmp)
