@@ -73,8 +73,8 @@ def check(dedup: object, checksum: str | None) -> Dedup:
 def join(commit: Any, dedup: Dedup) -> None:
     """A joined block's ``dedup`` (see ``commit(join=True)``): taken if the commit has none,
     ValueError if it has another."""
-    if dedup is False or commit.dedup == dedup:
-        return
+    if dedup is False or (type(commit.dedup), commit.dedup) == (type(dedup), dedup):
+        return  # (True and 1 are not the same option)
     if commit.dedup is not False:
         raise ValueError(
             f"the commit of {commit.name} dedups against {commit.dedup!r}; a joined block "
