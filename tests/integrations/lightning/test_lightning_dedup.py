@@ -13,11 +13,11 @@ import pytest
 pytest.importorskip("torch", reason="needs the [torch] extra")
 pytest.importorskip("lightning", reason="needs the [lightning] extra")
 
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-from tiny import tiny_model  # noqa: E402
+import lightning.pytorch as pl
+import torch
+from tiny import tiny_model
 
-from atomic_ckpt.integrations.lightning import AtomicCheckpointIO  # noqa: E402
+from atomic_ckpt.integrations.lightning import AtomicCheckpointIO
 
 STATE = {"weights": torch.arange(4096, dtype=torch.float32), "step": 3}
 

@@ -15,12 +15,12 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-import torch  # noqa: E402
-from hf_trainer_child import dataset, tokenizer  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments  # noqa: E402
+import torch
+from hf_trainer_child import dataset, tokenizer
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
-from atomic_ckpt import CheckpointDir  # noqa: E402
-from atomic_ckpt.integrations.transformers import AtomicTrainer  # noqa: E402
+from atomic_ckpt import CheckpointDir
+from atomic_ckpt.integrations.transformers import AtomicTrainer
 
 torch.set_num_threads(1)
 
