@@ -82,6 +82,8 @@ _row("lightning", 'Lightning `ModelCheckpoint` + `ckpt_path="last"`',
      "sync", "async")  # fmt: skip
 _row("dcp", "torch DCP `FileSystemWriter`", "`AtomicWriter` (sync + async)", "dcp_plain",
      "dcp_atomic", "sync", "async")  # fmt: skip
+_row("dedup", "write only what changed: carry + dedup into `N/`, then delete the source",
+     "`Commit.carry` + `dedup=True`", "dedup_plain", "dedup_atomic")  # fmt: skip
 
 
 def _check_of(cell: Cell, scratch: Path) -> Callable[[Path], None]:

@@ -198,6 +198,77 @@ def run(case: str, work: Path, scale: float, repeats: int) -> list[dict[str, Any
     ]
 
 
+def dedup_case(work: Path, scale: float, repeats: int) -> list[dict[str, Any]]:
+    """Case ``identical``: a writer that is not ours (``save_pretrained``-like safetensors
+    shards and a config) saves the same state again and again. Methods: ``full`` (the
+    default commit: every byte stored again), ``dedup`` (``commit(step, dedup=True)``:
+    each file equal to the previous checkpoint's becomes a link to it) and ``nohash``
+    (``checksum=None``: no hashing at all, the bound for what hashing costs). Interleaved
+    like :func:`run`. Each row adds ``disk_per_extra`` (the disk each extra identical
+    checkpoint takes, as a fraction of one checkpoint's size) and ``publish_s`` (the median
+    time of the commit alone: fsync, hashing, linking; the writer's own time is the same
+    for all three, and the noisiest part: the kernel throttles its dirty pages); the
+    ``dedup`` row also ``hash_cost``: (its publish - nohash's publish) / nohash's whole
+    save, what hashing and linking add to a save. Targets (issue 32): disk_per_extra <=
+    0.01, hash_cost <= 0.05."""
+    torch.manual_seed(0)
+    state = {k: v.contiguous() for k, v in _draft(scale).state_dict().items()}
+    names = sorted(state)
+    shards = [names[i::4] for i in range(4)]
+    methods = {"full": {}, "dedup": {"dedup": True}, "nohash": {}}
+    roots = {
+        m: CheckpointDir(work / f"identical-{m}", checksum=None if m == "nohash" else "xxh3_128")
+        for m in methods
+    }
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    publish: dict[str, list[float]] = {m: [] for m in methods}
+    written: dict[str, list[int]] = {m: [] for m in methods}
+    disk: dict[str, list[int]] = {m: [] for m in methods}
+    linked: dict[str, set[str]] = {m: set() for m in methods}
+
+    def save(method: str, step: int) -> float:
+        commit = roots[method].begin(step, **methods[method])
+        for i, shard in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-00004.safetensors"
+            save_file({k: state[k] for k in shard}, str(commit.path / name))
+        (commit.path / "config.json").write_text(json.dumps({"hidden": 1024}) + "\n")
+        t0 = time.perf_counter()
+        commit.publish()
+        linked[method].update(commit.deduped.values())
+        return time.perf_counter() - t0
+
+    for method in methods:
+        save(method, 0)
+        disk[method].append(_disk(roots[method].root))
+    for step in range(1, 1 + max(repeats, 4)):
+        order = list(methods)[step % 3 :] + list(methods)[: step % 3]
+        for method in order:
+            before, t0 = _wchar(), time.perf_counter()
+            publish[method].append(save(method, step))
+            times[method].append(time.perf_counter() - t0)
+            written[method].append(_wchar() - before)
+            if step <= 4:
+                disk[method].append(_disk(roots[method].root))
+    rows = []
+    for method in methods:
+        one, five = disk[method][0], disk[method][4]
+        rows.append(
+            {
+                "case": "identical",
+                "method": method,
+                "median_s": round(statistics.median(times[method]), 4),
+                "bytes_written": int(statistics.median(written[method])),
+                "disk_bytes": five,
+                "frozen_file": sorted(linked[method]) or ["written"],
+                "disk_per_extra": round((five - one) / 4 / one, 5),
+                "publish_s": round(statistics.median(publish[method]), 4),
+            }
+        )
+    dedup, nohash = rows[1], rows[2]
+    dedup["hash_cost"] = round((dedup["publish_s"] - nohash["publish_s"]) / nohash["median_s"], 4)
+    return rows
+
+
 def _md(rows: list[dict[str, Any]], info: dict[str, Any], fs: str) -> str:
     by = {(r["case"], r["method"]): r for r in rows}
     lines = [
@@ -219,7 +290,7 @@ def _md(rows: list[dict[str, Any]], info: dict[str, Any], fs: str) -> str:
         "disk carry / (full + 4 ideal) |",
         "|---|---:|---:|---:|---:|",
     ]
-    for case in sorted({r["case"] for r in rows}):
+    for case in sorted({r["case"] for r in rows if r["method"] == "carry"}):
         full, carry, ideal = (by[(case, m)] for m in ("full", "carry", "ideal"))
         floor = full["disk_bytes"] / 5 + 4 * ideal["disk_bytes"] / 5
         lines.append(
@@ -262,6 +333,7 @@ def main() -> None:
             for row in run(case, work, args.scale, args.repeats):
                 log(f"{row}")
                 rows.append(row)
+        rows += dedup_case(work, args.scale, args.repeats)
     info = {**machine(), "filesystem": fs}
     Path(args.out + ".json").write_text(json.dumps(rows, indent=1) + "\n")
     Path(args.out + ".md").write_text(_md(rows, info, fs))

@@ -48,6 +48,7 @@ def distributed_commit(
     timeout: float = DEFAULT_TIMEOUT,
     retain: RetentionPolicy | None = None,
     entry_timeout: float = DEFAULT_ENTRY_TIMEOUT,
+    dedup: bool | int | str = False,
 ) -> Iterator[Path]:
     """Commit one checkpoint written by every rank of ``group`` (default: all ranks).
 
@@ -59,7 +60,8 @@ def distributed_commit(
     error) and nothing is promoted. ``metadata`` is rank 0's. ``timeout``
     bounds each wait for the other ranks, so it must exceed the difference
     between the slowest and the fastest rank's save. ``retain`` is applied by
-    rank 0 after the commit is durable (only rank 0 deletes).
+    rank 0 after the commit is durable (only rank 0 deletes). ``dedup`` as for
+    ``ckpts.commit`` (rank 0 links the files equal to the previous checkpoint's).
 
     It is collective: called on some ranks only (say inside ``if rank == 0:``,
     followed by a barrier) it cannot complete, so every rank first checks that
@@ -73,7 +75,7 @@ def distributed_commit(
     """
     step = operator.index(step)
     if _single_process(group):  # no process group: one process is every rank
-        with ckpts.commit(step, metadata=metadata, retain=retain) as staging:
+        with ckpts.commit(step, metadata=metadata, retain=retain, dedup=dedup) as staging:
             Declared.open(staging)  # declare() and rank_path() work as on rank 0
             try:
                 yield staging
@@ -83,7 +85,7 @@ def distributed_commit(
     _all_entered(group, "distributed_commit", entry_timeout, step)
     ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
     # 1. Rank 0 creates the staging dir (its lock first) and broadcasts its name.
-    commit, staging = _begin(ckpts, ranks, step, metadata=metadata, retain=retain)
+    commit, staging = _begin(ckpts, ranks, step, metadata=metadata, retain=retain, dedup=dedup)
     declared_here = Declared.open(staging)
     try:
         # 2. Every rank writes its files (and declares them, with rank_path or declare).
@@ -290,6 +292,7 @@ def _begin(
     *,
     metadata: Mapping[str, Any] | None,
     retain: RetentionPolicy | None,
+    dedup: bool | int | str = False,
 ) -> tuple[Commit | None, Path]:
     """Step 1: rank 0 takes its staging lock and creates the staging dir; every rank
     receives its name. Returns rank 0's commit (None on the other ranks) and the dir."""
@@ -297,7 +300,7 @@ def _begin(
     problem: BaseException | None = None
     if ranks.rank == 0:
         try:
-            commit = ckpts.begin(step, metadata=metadata, retain=retain)
+            commit = ckpts.begin(step, metadata=metadata, retain=retain, dedup=dedup)
         except Exception as exc:
             problem = exc
     try:

@@ -15,6 +15,7 @@ from atomic_ckpt._core.l1_names.names import MARKER, not_one_string
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l3_formats.manifest import check_metadata
 from atomic_ckpt._core.l3_formats.read import moved_by_hand, read_marker
+from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.commit import Commit
@@ -34,6 +35,7 @@ def begin(
     aliases: Collection[str] = (),
     replace_aliases: bool = False,
     replace_unusable: bool = False,
+    dedup: _dedup.Dedup = False,
 ) -> Commit:
     """Steps 1 and 2 of the protocol for ``step``: take a staging lock, create the staging dir."""
     step = check_step(step)
@@ -47,6 +49,7 @@ def begin(
         aliases=aliases,
         replace_aliases=replace_aliases,
         replace_unusable=replace_unusable,
+        dedup=dedup,
     )
 
 
@@ -60,12 +63,14 @@ def begin_as(
     aliases: Collection[str] = (),
     replace_aliases: bool = False,
     replace_unusable: bool = False,
+    dedup: _dedup.Dedup = False,
 ) -> Commit:
     """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
     not_one_string("aliases", aliases, "names")
     alias_list = [_delete.check_alias(root, a) for a in aliases]
     check_own_aliases(name, alias_list)
     meta = check_metadata(metadata)
+    dedup = _dedup.check(dedup, root.checksum)
     root.ensure()
     final = root.path / name
     _stage.check_target(final, step)
@@ -85,6 +90,7 @@ def begin_as(
             retain=retain,
             aliases=alias_list,
             replace_aliases=replace_aliases,
+            dedup=dedup,
         )
     except BaseException as exc:  # e.g. EMFILE pinning the directory: leave nothing
         with contextlib.suppress(OSError):

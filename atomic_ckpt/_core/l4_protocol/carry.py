@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import posixpath
+from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
@@ -46,6 +48,8 @@ from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
 from atomic_ckpt._core.l3_formats.tree import Identity, identity
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
+
+log = logging.getLogger("atomic_ckpt._core.l4_protocol.commit")
 
 Method = _share.Method
 Carried = dict[str, tuple[FileEntry, Identity]]
@@ -201,3 +205,11 @@ def _changed(source: Checkpoint, entry: FileEntry, why: str) -> VerificationErro
         path=path,
         problems=(f"{path}: changed after its commit ({why})",),
     )
+
+
+def carry_all(commit: Any, carry: Mapping[str, int | str] | None) -> None:
+    """:meth:`Commit.carry` each relative path of ``carry`` from the checkpoint it maps to
+    (the ``carry=`` argument of ``commit()``); how each was carried is logged."""
+    for relpath, source in (carry or {}).items():
+        how = commit.carry(relpath, from_=source)
+        log.info("carried %s from %s into %s (%s)", relpath, source, commit.name, how)

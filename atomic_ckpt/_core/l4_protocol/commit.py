@@ -16,7 +16,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -29,6 +29,7 @@ from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_met
 from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l3_formats.tree import Identity, sync_tree
 from atomic_ckpt._core.l4_protocol import carry as _carry
+from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol import stage as _stage
@@ -74,6 +75,7 @@ class Commit(JoinedBlocks):
         retain: RetentionPolicy | None,
         aliases: list[str],
         replace_aliases: bool = False,
+        dedup: _dedup.Dedup = False,
     ) -> None:
         self._root = root
         self._lock = lock
@@ -112,6 +114,10 @@ class Commit(JoinedBlocks):
         self._fd: int | None = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._carried: dict[str, tuple[FileEntry, Identity]] = {}
         """Files carried in (see :meth:`carry`): their entries, not hashed again."""
+        self.dedup = dedup
+        """At :meth:`publish`, link the files equal to a previous checkpoint's (``dedup=``)."""
+        self.deduped: dict[str, Literal["reflink", "hardlink"]] = {}
+        """Once published: the files :attr:`dedup` linked (relative path -> how)."""
         _register(self)
 
     def __repr__(self) -> str:
@@ -198,6 +204,7 @@ class Commit(JoinedBlocks):
         written: list[Manifest] = []
 
         def write_marker(entries: list[FileEntry]) -> None:
+            entries = _dedup.apply(root, self, entries) if self.dedup is not False else entries
             # 4. The marker: the manifest, its data fsynced (written in place: nothing
             #    in a staging dir is visible before the rename); then fsync the staging
             #    dir, which makes every entry of it durable, the marker's among them.
@@ -439,11 +446,3 @@ def open_commit(root: Root, name: str) -> Commit | None:
         if commit is not None and commit.state == "open" and commit._pid == os.getpid():
             return commit
     return None
-
-
-def carry_all(commit: Commit, carry: Mapping[str, int | str] | None) -> None:
-    """:meth:`Commit.carry` each relative path of ``carry`` from the checkpoint it maps to
-    (the ``carry=`` argument of ``commit()``); how each was carried is logged."""
-    for relpath, source in (carry or {}).items():
-        how = commit.carry(relpath, from_=source)
-        log.info("carried %s from %s into %s (%s)", relpath, source, commit.name, how)

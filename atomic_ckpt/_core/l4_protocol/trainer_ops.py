@@ -12,7 +12,9 @@ from atomic_ckpt._core.l1_names.names import step_of
 from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l4_protocol import amend as _amend
 from atomic_ckpt._core.l4_protocol import begin as _begin
+from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import named as _named
@@ -98,9 +100,11 @@ class TrainerOps:
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
         replace_unusable: bool = False,
+        dedup: bool | int | str = False,
     ) -> _commit.Commit:
         """:meth:`begin` for a named checkpoint: the handle's ``finish()`` (or leaving it as
-        a context manager) commits ``root/<name>/``; ``abort()`` gives it up."""
+        a context manager) commits ``root/<name>/``; ``abort()`` gives it up. ``dedup=True``
+        compares with the newest complete step (see :meth:`commit`)."""
         return _begin.begin_as(
             self._root,
             None,
@@ -109,6 +113,7 @@ class TrainerOps:
             aliases=aliases,
             replace_aliases=replace_aliases,
             replace_unusable=replace_unusable,
+            dedup=dedup,
         )
 
     @contextlib.contextmanager
@@ -122,10 +127,11 @@ class TrainerOps:
         join: bool = False,
         carry: Mapping[str, int | str] | None = None,
         replace_unusable: bool = False,
+        dedup: bool | int | str = False,
     ) -> Iterator[Path]:
         """Commit a named checkpoint (``root/<name>/``, e.g. ``interrupted``) with the same
         protocol as a step. ``latest()`` and ``steps()`` never count it. ``aliases``,
-        ``replace_aliases``, ``join``, ``carry`` and ``replace_unusable`` as for
+        ``replace_aliases``, ``join``, ``carry``, ``replace_unusable`` and ``dedup`` as for
         :meth:`~atomic_ckpt.CheckpointDir.commit` (a join with nothing open over a committed
         ``name`` is refused the same way)."""
         if join:
@@ -134,7 +140,8 @@ class TrainerOps:
             if outer is not None:
                 options = {"metadata": metadata, "aliases": aliases}
                 with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
-                    _commit.carry_all(outer, carry)
+                    _carry.carry_all(outer, carry)
+                    _dedup.join(outer, _dedup.check(dedup, self._root.checksum))
                     yield path
                 return
             _joining.refuse_rejoin(self._root.path / checked, None)
@@ -144,9 +151,10 @@ class TrainerOps:
             aliases=aliases,
             replace_aliases=replace_aliases,
             replace_unusable=replace_unusable,
+            dedup=dedup,
         )
         try:
-            _commit.carry_all(handle, carry)
+            _carry.carry_all(handle, carry)
             yield handle.path
         except BaseException as exc:
             handle.abort(exc)

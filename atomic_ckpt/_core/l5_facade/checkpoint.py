@@ -24,7 +24,9 @@ from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l3_formats.tree import DEFAULT_WORKERS, list_tree, sync_files, sync_tree
 from atomic_ckpt._core.l4_protocol import adopt as _adopt
 from atomic_ckpt._core.l4_protocol import begin as _begin
+from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol import commit as _commit
+from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import repair as _repair
@@ -186,13 +188,15 @@ class CheckpointDir(Reading, TrainerOps):
         aliases: Collection[str] = (),
         replace_aliases: bool = False,
         replace_unusable: bool = False,
+        dedup: bool | int | str = False,
     ) -> Commit:
         """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
 
         Write into ``commit.path``, then call ``commit.publish()`` (or
         ``commit.abort()``); or use the handle as a context manager. For code that
         cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
-        ``replace_unusable`` as for :meth:`commit`.
+        ``replace_unusable`` and ``dedup`` as for :meth:`commit` (what was deduplicated
+        is ``commit.deduped`` once published).
         """
         return _begin.begin(
             self._root,
@@ -202,6 +206,7 @@ class CheckpointDir(Reading, TrainerOps):
             aliases=aliases,
             replace_aliases=replace_aliases,
             replace_unusable=replace_unusable,
+            dedup=dedup,
         )
 
     @contextlib.contextmanager
@@ -216,6 +221,7 @@ class CheckpointDir(Reading, TrainerOps):
         join: bool = False,
         carry: Mapping[str, int | str] | None = None,
         replace_unusable: bool = False,
+        dedup: bool | int | str = False,
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` and commit it atomically on a normal exit.
 
@@ -267,13 +273,20 @@ class CheckpointDir(Reading, TrainerOps):
         "frozen.safetensors": "best"}`` maps each relative path to the step or checkpoint
         name it comes from (see :meth:`Commit.carry <atomic_ckpt.Commit.carry>`, which
         also says how each was carried).
+
+        ``dedup=True``: at the publish, each written file whose size and checksum equal
+        the file at the same path in the newest complete checkpoint at or below ``step``
+        (a step or checkpoint name instead of True names another) becomes a reflink or
+        hard link to that file, if it is still the file its manifest describes (see
+        ``docs/guides/incremental.md``); what was linked is logged at INFO.
         """
         if join:
             outer = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
             if outer is not None:
                 options = {"metadata": metadata, "aliases": aliases, "retain": retain}
                 with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
-                    _commit.carry_all(outer, carry)
+                    _carry.carry_all(outer, carry)
+                    _dedup.join(outer, _dedup.check(dedup, self.checksum))
                     yield path
                 return
             _joining.refuse_rejoin(self.path_of(step), check_step(step))
@@ -284,8 +297,9 @@ class CheckpointDir(Reading, TrainerOps):
             aliases=aliases,
             replace_aliases=replace_aliases,
             replace_unusable=replace_unusable,
+            dedup=dedup,
         ) as handle:
-            _commit.carry_all(handle, carry)
+            _carry.carry_all(handle, carry)
             yield handle.path
 
     def mark_complete(

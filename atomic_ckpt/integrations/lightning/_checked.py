@@ -66,8 +66,9 @@ class _HashingWriter:
         self._file.flush()
 
 
-def save(checkpoint: Any, path: str | os.PathLike[str], algorithm: str) -> None:
-    """``torch.save(checkpoint, path)``, with the checksum of what it wrote as the comment."""
+def save(checkpoint: Any, path: str | os.PathLike[str], algorithm: str) -> str:
+    """``torch.save(checkpoint, path)``, with the checksum of what it wrote as the comment;
+    returns that checksum."""
     with open(path, "wb") as f:
         writer = _HashingWriter(f, algorithm)
         torch.save(
@@ -85,6 +86,7 @@ def save(checkpoint: Any, path: str | os.PathLike[str], algorithm: str) -> None:
         ).encode("ascii")
         f.seek(writer.size - 2)
         f.write(struct.pack("<H", len(comment)) + comment)
+    return writer.hasher.hexdigest()
 
 
 def _recorded(view: memoryview, path: str) -> tuple[str, str, int]:

@@ -26,6 +26,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_name
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import new_hasher
+from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt.integrations.lightning import _checked
 from atomic_ckpt.torch._bytes import _ViewReader
 
@@ -65,6 +66,12 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
     refused with a :class:`~atomic_ckpt.VerificationError` naming it. The sharded strategies
     load full-state files the same way and refuse a checkpoint directory (its shards carry
     no checksums).
+
+    ``dedup=True``: a save whose bytes equal the previous save's (the same size and the
+    same checksum, the one each file carries), such as ``last.ckpt`` of
+    ``save_last=True`` next to the top-k file just saved, is made a hard link (or
+    reflink) to that file instead of a second copy, if that file is still the one saved
+    (same inode, size and modification time); :attr:`deduped` lists them.
     """
 
     def __init__(
@@ -74,14 +81,21 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         durable: bool = True,
         checksum: str | None = "xxh3_128",
         verify_on_load: bool = False,
+        dedup: bool = False,
     ) -> None:
         super().__init__()
         if checksum is not None:
             new_hasher(checksum)  # ValueError now, not at the first save
+        elif dedup:
+            raise ValueError("dedup=True compares the checksums saves carry: not checksum=None")
         self.async_save = async_save
         self.durable = durable
         self.checksum = checksum
         self.verify_on_load = verify_on_load
+        self.dedup = dedup
+        self.deduped: dict[str, str] = {}
+        """Saves made links to the previous one: path -> ``"hardlink"`` or ``"reflink"``."""
+        self._previous: tuple[str, str, _dedup.FileId] | None = None  # path, checksum, id
         self._executor: ThreadPoolExecutor | None = None
         self._queued: list[Future[None]] = []
         self._error: BaseException | None = None
@@ -91,7 +105,8 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(async_save={self.async_save}, durable={self.durable}, "
-            f"checksum={self.checksum!r}, verify_on_load={self.verify_on_load})"
+            f"checksum={self.checksum!r}, verify_on_load={self.verify_on_load}, "
+            f"dedup={self.dedup})"
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -217,11 +232,38 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
                 )
 
     def _save_now(self, checkpoint: dict[str, Any], path: str) -> None:
+        digest: str | None = None
         with atomic_write(path, durable=self.durable, parents=True) as tmp:
             if self.checksum is None:
                 torch.save(checkpoint, tmp)
             else:
-                _checked.save(checkpoint, tmp, self.checksum)
+                digest = _checked.save(checkpoint, tmp, self.checksum)
+                if self.dedup:
+                    self._link_previous(path, tmp, digest)
+        if self.dedup and digest is not None:
+            self._previous = (os.path.abspath(path), digest, _dedup.file_id(os.lstat(path)))
+
+    def _link_previous(self, path: str, tmp: Path, digest: str) -> None:
+        """Replace the file written at ``tmp`` by a link to the previous save if both hold
+        the same bytes and that one is still the file saved (a new name first, renamed over
+        ``tmp``: what ``atomic_write`` then renames into place is whole either way)."""
+        before = self._previous
+        if before is None or before[1] != digest or before[2][2] != os.lstat(tmp).st_size:
+            return
+        source = Path(before[0])
+        try:
+            fd = _fs.open_dir(source.parent)
+        except OSError:
+            return
+        try:
+            link = tmp.with_name(temp_name(source.name))
+            how = _dedup.link_same(fd, source.name, link, before[2])
+        finally:
+            os.close(fd)
+        if how is not None:
+            _fs.rename(link, tmp)
+            self.deduped[path] = how
+            log.info("%s: the same bytes as %s, saved as a %s to it", path, source, how)
 
     def _remove_now(self, path: str) -> None:
         # A sharded checkpoint is a directory: it disappears at once, then is removed.

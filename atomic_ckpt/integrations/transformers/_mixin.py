@@ -50,8 +50,12 @@ class AtomicCheckpointMixin(_Base):
 
     Keyword options, taken before the rest go to the ``Trainer``: ``verify_on_resume``
     (``resume_from_checkpoint=True`` takes the newest checkpoint whose files match its
-    manifest) and ``durable`` (False: no fsync; atomic against a killed process, not
-    against a power loss).
+    manifest), ``durable`` (False: no fsync; atomic against a killed process, not
+    against a power loss) and ``dedup`` (True: at each checkpoint's commit, every file
+    whose size and checksum equal the same file of the previous checkpoint, such as the
+    ``save_pretrained`` shards of frozen weights, the tokenizer and the config, becomes a
+    hard link or reflink to it instead of a second copy on disk; see
+    ``docs/guides/incremental.md``).
 
     A verified resume reads each byte once. In one process, ``verify_on_resume=True`` with
     ``train(resume_from_checkpoint=True)`` hashes every file of the checkpoint through a
@@ -79,11 +83,17 @@ class AtomicCheckpointMixin(_Base):
         cls.__signature__ = _signature_of(cls)  # type: ignore[attr-defined]
 
     def __init__(
-        self, *args: Any, verify_on_resume: bool = False, durable: bool = True, **kwargs: Any
+        self,
+        *args: Any,
+        verify_on_resume: bool = False,
+        durable: bool = True,
+        dedup: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._atomic_verify = verify_on_resume
         self._atomic_durable = durable
+        self._atomic_dedup = bool(dedup)
         self._atomic_limit: int | None = None
         self._atomic_in_train = False
         self._atomic_views: dict[str, memoryview] = {}
@@ -164,7 +174,7 @@ class AtomicCheckpointMixin(_Base):
             "resumable": not self.args.save_only_model,
         }
         folder = f"{CHECKPOINT_PREFIX}{step}"
-        with _commit(ckpts, step, metadata) as staging:
+        with _commit(ckpts, step, metadata, dedup=self._atomic_dedup) as staging:
             # Trainer writes "<run dir>/checkpoint-N/...". The run dir becomes the staging
             # dir, where "checkpoint-N" is a link to the staging dir itself: every rank's
             # files land at their final paths, and nothing moves afterwards. Each rank
@@ -198,6 +208,8 @@ class AtomicCheckpointMixin(_Base):
             if _rank() == 0:
                 os.unlink(inner)
                 if (staging / TRAINER_STATE_NAME).exists():
+                    # A new file, never a write through the old one (which a link may share).
+                    os.unlink(staging / TRAINER_STATE_NAME)
                     self.state.save_to_json(str(staging / TRAINER_STATE_NAME))
         if pushes:  # what was committed, now that it is (then rotation, as Trainer does)
             self._push_from_checkpoint(str(ckpts.path_of(step)))

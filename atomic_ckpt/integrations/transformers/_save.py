@@ -13,11 +13,14 @@ from atomic_ckpt.integrations.transformers._resume import _distributed
 
 
 @contextlib.contextmanager
-def _commit(ckpts: CheckpointDir, step: int, metadata: dict[str, Any]) -> Iterator[Path]:
-    """One commit of ``step``: multi-rank when several processes run, else local."""
+def _commit(
+    ckpts: CheckpointDir, step: int, metadata: dict[str, Any], *, dedup: bool = False
+) -> Iterator[Path]:
+    """One commit of ``step``: multi-rank when several processes run, else local;
+    ``dedup`` as for ``ckpts.commit``."""
     if _distributed():
-        with distributed_commit(ckpts, step, metadata=metadata) as path:
+        with distributed_commit(ckpts, step, metadata=metadata, dedup=dedup) as path:
             yield path
     else:
-        with ckpts.commit(step, metadata=metadata) as path:
+        with ckpts.commit(step, metadata=metadata, dedup=dedup) as path:
             yield path
