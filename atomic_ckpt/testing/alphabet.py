@@ -1,5 +1,6 @@
-"""The alphabet of the model check: every action of :mod:`atomic_ckpt.testing.actions` by
-name, the ones left out until a defect is fixed, and the starting roots."""
+"""The alphabet of the model check: every action of :mod:`atomic_ckpt.testing.actions` and
+:mod:`atomic_ckpt.testing.parts` by name, the ones left out until a defect is fixed, and
+the starting roots."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from atomic_ckpt.testing.actions import (
     _write,
 )
 from atomic_ckpt.testing.model import RootModel, files_of
+from atomic_ckpt.testing.parts import MULTI, PARTS
 
 __all__ = ["ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"]
 
@@ -121,6 +123,10 @@ def _actions() -> tuple[Action, ...]:
     add("clean_force", lambda c: c.clean(force=True), _unchanged, multi=True)
     add("atomic_write", _atomic_write, _apply_atomic_write)
     add("async_save", _async_save, _apply_commit3b)
+    for name, (run, apply) in PARTS.items():
+        add(name, run, apply)
+    for name, (run, apply) in MULTI.items():
+        add(name, run, apply, multi=True)
 
     return tuple(out)
 
