@@ -49,7 +49,7 @@ from atomic_ckpt.testing.actions import (
     _write,
 )
 from atomic_ckpt.testing.model import RootModel, files_of
-from atomic_ckpt.testing.parts import MULTI, PARTS
+from atomic_ckpt.testing.parts import LIVE_ONLY, MULTI, PARTS
 
 __all__ = ["ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"]
 
@@ -63,8 +63,10 @@ def _actions() -> tuple[Action, ...]:
         apply: Callable[[RootModel], None],
         multi: bool = False,
         lingers: tuple[str, ...] = (),
+        *,
+        crash: bool = True,
     ) -> None:
-        out.append(Action(name, run, apply, multi, lingers))
+        out.append(Action(name, run, apply, multi, lingers, crash=crash))
 
     for name, step, files, kw in (
         ("commit_new", 3, A, {}),
@@ -124,7 +126,7 @@ def _actions() -> tuple[Action, ...]:
     add("atomic_write", _atomic_write, _apply_atomic_write)
     add("async_save", _async_save, _apply_commit3b)
     for name, (run, apply) in PARTS.items():
-        add(name, run, apply)
+        add(name, run, apply, crash=name not in LIVE_ONLY)
     for name, (run, apply) in MULTI.items():
         add(name, run, apply, multi=True)
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from atomic_ckpt import MARKER, Commit, SyncPolicy
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls import share as _share
+from atomic_ckpt._core.l3_formats.tree import identity
 from atomic_ckpt._core.l4_protocol import amend as _amend
 from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import carry as _carry
@@ -217,9 +219,9 @@ def _carry_trusts_source() -> Iterator[None]:
         if entry.type == "symlink":
             _fs.symlink(entry.target or "", target)
             return None
-        method, _ = _carry._share.share_file(pin, entry.path, target)
+        method, _ = _share.share_file(pin, entry.path, target)
         bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
-        made.append((entry.path, (bare, _carry.identity(os.lstat(target)))))
+        made.append((entry.path, (bare, identity(os.lstat(target)))))
         return method
 
     with _patched(_carry, "_one", one):

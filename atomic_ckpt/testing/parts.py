@@ -28,7 +28,7 @@ from atomic_ckpt import (
 from atomic_ckpt.testing.actions import NOTES, PART, A, B, Boom, _write
 from atomic_ckpt.testing.model import Refused, RootModel, Saved
 
-__all__ = ["CARRY_SOURCE", "MULTI", "PARTS", "Apply", "Run"]
+__all__ = ["CARRY_SOURCE", "LIVE_ONLY", "MULTI", "PARTS", "Apply", "Run"]
 
 Run = Callable[[CheckpointDir], object]
 Apply = Callable[[RootModel], None]
@@ -290,3 +290,7 @@ PARTS: Mapping[str, tuple[Run, Apply]] = {
 retention deletes steps one by one)."""
 
 MULTI: Mapping[str, tuple[Run, Apply]] = {"join_retain": (join_retain, apply_join_retain)}
+
+LIVE_ONLY = frozenset({"carry_changed"})
+"""Checked live only (``Action.crash`` False): a crash between its write into step 1 and
+the write putting the bytes back would show a step the user changed, not a defect."""
