@@ -42,7 +42,7 @@ __all__ = [
     "sequences",
 ]
 
-PAIRS = 400
+PAIRS = 300
 """How many seq-2 sequences the default run samples (``seed`` 2)."""
 TRIPLES = 3000
 """How many seq-3 sequences the soak samples (``seed`` 3), after every seq-2."""
