@@ -71,6 +71,11 @@ class Action:
     """False: its crash states are not explored, only its live outcome checked (its run
     changes a committed file itself and puts it back, which a crash between would show:
     the user's doing, not the library's)."""
+    midway: Callable[[RootModel], None] | None = None
+    """The transition of its first phase, where it has one that a crash may show on its
+    own: a commit with ``retain=`` publishes its checkpoint before the retention deletes
+    any (even, where a higher step is kept, that checkpoint itself). Each entry of a
+    crash state may then also be as after ``midway``."""
 
 
 # ---- commits

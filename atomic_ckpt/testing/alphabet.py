@@ -65,8 +65,9 @@ def _actions() -> tuple[Action, ...]:
         lingers: tuple[str, ...] = (),
         *,
         crash: bool = True,
+        midway: Callable[[RootModel], None] | None = None,
     ) -> None:
-        out.append(Action(name, run, apply, multi, lingers, crash=crash))
+        out.append(Action(name, run, apply, multi, lingers, crash=crash, midway=midway))
 
     for name, step, files, kw in (
         ("commit_new", 3, A, {}),
@@ -78,7 +79,7 @@ def _actions() -> tuple[Action, ...]:
         ("commit_replace_aliases", 2, A, {"aliases": ("b",), "replace_aliases": True}),
     ):
         add(name, *_commit(step, files, **kw))
-    add("commit_retain", *_commit(3, A, keep_last=1), multi=True)
+    add("commit_retain", *_commit(3, A, keep_last=1), multi=True, midway=_commit(3, A)[1])
     add("commit_raises", _commit_raises, _refuse(Boom, "the block raised"))
     add("begin_publish", _begin_publish, _commit(3, B, metadata={"via": "begin"})[1])
     add("begin_abort", _begin_abort, _unchanged)
@@ -127,8 +128,8 @@ def _actions() -> tuple[Action, ...]:
     add("async_save", _async_save, _apply_commit3b)
     for name, (run, apply) in PARTS.items():
         add(name, run, apply, crash=name not in LIVE_ONLY)
-    for name, (run, apply) in MULTI.items():
-        add(name, run, apply, multi=True)
+    for name, (run, apply, midway) in MULTI.items():
+        add(name, run, apply, multi=True, midway=midway)
 
     return tuple(out)
 

@@ -62,9 +62,14 @@ def join_retain(c: CheckpointDir) -> None:
             _write(q, PART)
 
 
-def apply_join_retain(m: RootModel) -> None:
+def apply_join_retain_commit(m: RootModel) -> None:
+    """Its first phase: the commit published, before the retention."""
     m.legacy.pop(3, None)
     m.steps[3] = Saved.of({**A, **PART})
+
+
+def apply_join_retain(m: RootModel) -> None:
+    apply_join_retain_commit(m)
     m.retain(keep_last=1)
 
 
@@ -218,7 +223,7 @@ def carry_changed(c: CheckpointDir) -> None:
 
 
 def apply_carry_changed(m: RootModel) -> None:
-    m.require_step(1)
+    _carried(m, m.require_step(1), CARRY_SOURCE)
     raise Refused(VerificationError, "the source changed since its commit")
 
 
@@ -229,7 +234,7 @@ def carry_raises(c: CheckpointDir) -> None:
 
 
 def apply_carry_raises(m: RootModel) -> None:
-    m.require_step(1)
+    _carried(m, m.require_step(1), CARRY_SOURCE)
     raise Refused(Boom, "the block raised")
 
 
@@ -286,10 +291,14 @@ PARTS: Mapping[str, tuple[Run, Apply]] = {
     "async_save_raises": (async_raises, refuse(Boom, "the background save raised")),
     "atomic_write_raises": (atomic_write_raises, refuse(Boom, "the block raised")),
 }
-"""The actions of this module by name (``join_retain`` is added with ``multi``: a
-retention deletes steps one by one)."""
+"""The actions of this module by name."""
 
-MULTI: Mapping[str, tuple[Run, Apply]] = {"join_retain": (join_retain, apply_join_retain)}
+MULTI: Mapping[str, tuple[Run, Apply, Apply]] = {
+    "join_retain": (join_retain, apply_join_retain, apply_join_retain_commit)
+}
+
+"""``join_retain``, added with ``multi`` (a retention deletes steps one by one) and its
+first phase as ``midway``: (run, apply, midway)."""
 
 LIVE_ONLY = frozenset({"carry_changed"})
 """Checked live only (``Action.crash`` False): a crash between its write into step 1 and

@@ -116,13 +116,22 @@ def _short(value: object) -> str:
     return text if len(text) < 120 else text[:117] + "..."
 
 
-def _judge(obs: Observation, before: Observation, after: Observation, action: Action) -> None:
-    """Reject ``obs`` unless each entry is before or after (see the module docstring)."""
-    for key in sorted(set(obs) | set(before) | set(after)):
-        if obs.get(key) not in (before.get(key), after.get(key)):
+def _judge(
+    obs: Observation,
+    before: Observation,
+    after: Observation,
+    action: Action,
+    midway: Observation | None = None,
+) -> None:
+    """Reject ``obs`` unless each entry is before or after (or as after the action's
+    ``midway`` phase); see the module docstring."""
+    mid = midway if midway is not None else before
+    for key in sorted(set(obs) | set(before) | set(after) | set(mid)):
+        if obs.get(key) not in (before.get(key), after.get(key), mid.get(key)):
             raise AssertionError(
                 f"{key} is {_short(obs.get(key))}: neither before ({_short(before.get(key))}) "
                 f"nor after ({_short(after.get(key))})"
+                + (f" nor midway ({_short(mid.get(key))})" if midway is not None else "")
             )
     changed = [
         k
@@ -185,6 +194,11 @@ def check_sequence(
         if not crashes or not last.crash or outcome.problems:
             return outcome
         b, a_obs = before.observation(), after.observation()
+        m_obs: Observation | None = None
+        if last.midway is not None and expected is None:
+            mid = before.copy()
+            last.midway(mid)
+            m_obs = mid.observation()
         end = len(rec.ops)
 
         seen: dict[object, Observation] = {}
@@ -200,7 +214,7 @@ def check_sequence(
                 obs = seen[key] = observe(state.root, prefix=prefix)
             if state.crash_point == end and obs != a_obs:
                 raise AssertionError(f"after {last.name} returned: {_diff(obs, a_obs)}")
-            _judge(obs, b, a_obs, last)
+            _judge(obs, b, a_obs, last, m_obs)
             ckpts = state.checkpoints()
             if state.root.is_dir():
                 ckpts.clean()

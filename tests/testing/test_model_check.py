@@ -178,6 +178,24 @@ def test_a_named_commit_whose_alias_is_its_own_name_changes_nothing(tmp_path: Pa
     assert observe(ckpts.root) == {}
 
 
+@pytest.mark.parametrize(
+    ("root", "seq"),
+    [
+        # a retention that deletes the step its own commit just published (step 7 is
+        # higher): the crash states between show that step, as the model's midway says
+        ("legacy", ("mark_complete_unchecked", "carry_raises", "join_retain")),
+        ("legacy", ("mark_complete_unchecked", "commit_retain")),
+        # a carry from a step that has no such file: CheckpointNotFoundError first
+        ("legacy", ("join_alone", "carry_changed")),
+        ("legacy", ("join_alone", "carry_raises")),
+    ],
+)
+def test_sequences_the_soak_found(root: str, seq: tuple[str, ...]) -> None:
+    """Sequences the soak failed on (the model's gaps, not the library's), kept."""
+    outcome = check_sequence(ROOT[root], tuple(by_name(a) for a in seq))
+    assert outcome.ok, str(outcome)
+
+
 def test_the_model_states_contents_and_metadata_exactly() -> None:
     """The model's observation of a saved step is its files and its metadata, both."""
     m = RootModel()
