@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -28,49 +29,66 @@ sys.path.insert(0, str(REPO / "tests" / "testing"))
 from model_cli import CLI_ACTIONS  # noqa: E402
 
 from atomic_ckpt.testing.alphabet import ALPHABET, ROOTS, by_name  # noqa: E402
-from atomic_ckpt.testing.mutants import API_MUTANTS, api_mutant  # noqa: E402
-from atomic_ckpt.testing.sequences import Totals, check_sequence, sequences  # noqa: E402
-
-CATCHES = {
-    "join_error_not_aborting": ("empty", ("join_raises",)),
-    "amend_stale_entries": ("two", ("amend_files",)),
-    "aliases_after_root_fsync": ("two", ("commit_alias",)),
-    "replace_aliases_drop_after_promotion": ("two", ("commit_replace_aliases",)),
-}
+from atomic_ckpt.testing.mutants import API_MUTANTS, KILLED_BY, api_mutant  # noqa: E402
+from atomic_ckpt.testing.sequences import (  # noqa: E402
+    PAIRS,
+    TRIPLES,
+    Totals,
+    check_sequence,
+    default_run,
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the default configuration")
-    parser.add_argument("--pairs", type=int, default=60, help="seq-2 sample in --quick")
-    parser.add_argument("--triples", type=int, default=2000, help="seq-3 sample in the soak")
+    parser.add_argument("--pairs", type=int, default=PAIRS, help="seq-2 sample in --quick")
+    parser.add_argument("--triples", type=int, default=TRIPLES, help="seq-3 sample in the soak")
     parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument(
+        "--minutes", type=float, default=None, help="stop the soak after this long (partial)"
+    )
     args = parser.parse_args()
     alphabet = (*ALPHABET, *CLI_ACTIONS)
-    todo = sequences(1, alphabet=alphabet)
-    if args.quick:
-        todo += sequences(2, sample=args.pairs, seed=args.seed)
-    else:
-        todo += sequences(2) + sequences(3, sample=args.triples, seed=args.seed + 1)
+    todo = default_run(
+        extra=CLI_ACTIONS,
+        soak=not args.quick,
+        pairs=args.pairs,
+        triples=args.triples,
+        seed=args.seed,
+    )
+    if not args.quick:  # the soak: seq-1, then seq-2 and seq-3 interleaved at random
+        n1 = len(alphabet) * len(ROOTS)
+        tail = todo[n1:]
+        random.Random(args.seed).shuffle(tail)
+        todo = todo[:n1] + tail
     totals = Totals()
     start = time.monotonic()
+    stop = start + args.minutes * 60 if args.minutes else None
     for i, (root, seq) in enumerate(todo, 1):
+        if stop is not None and time.monotonic() > stop:
+            print(f"stopped after {args.minutes} minutes: {i - 1}/{len(todo)}", file=sys.stderr)
+            break
         outcome = check_sequence(root, seq)
         totals.add(outcome)
         if not outcome.ok:
             print(f"FAILED {outcome}", file=sys.stderr)
         if i % 50 == 0 or i == len(todo):
+            took = time.monotonic() - start
             print(
                 f"{i}/{len(todo)} sequences, {totals.distinct_states} distinct crash states, "
-                f"{time.monotonic() - start:.0f} s",
+                f"{took:.0f} s ({totals.distinct_states / took:.0f} states/s)",
                 file=sys.stderr,
+                flush=True,
             )
     roots = {r.name: r for r in ROOTS}
     killed = 0
     for name in API_MUTANTS:
-        root, seq = CATCHES[name]
+        root, seq = KILLED_BY[name]
+        actions = tuple(by_name(a) for a in seq)
+        assert (roots[root], actions) in todo, f"{name}'s sequence is not in this run"
         with api_mutant(name):
-            outcome = check_sequence(roots[root], tuple(by_name(a) for a in seq))
+            outcome = check_sequence(roots[root], actions)
         killed += not outcome.ok
         print(f"mutant {name}: {'killed' if not outcome.ok else 'SURVIVED'}", file=sys.stderr)
     seconds = time.monotonic() - start
@@ -84,6 +102,7 @@ def main() -> int:
                 "mutants": len(API_MUTANTS),
                 "mutants_killed": killed,
                 "seconds": round(seconds, 1),
+                "sequences_planned": len(todo),
                 "states_per_second": round(totals.distinct_states / seconds, 1),
                 "failures": len(totals.failures),
             }

@@ -103,8 +103,10 @@ class CrashState:
     its one documented window may hide a step until ``clean()``."""
 
     def checkpoints(self) -> CheckpointDir:
-        """A non-durable CheckpointDir on the rebuilt root (checks never need fsync)."""
-        return CheckpointDir(self.root, prefix=self.prefix, durable=False)
+        """A non-durable CheckpointDir on the rebuilt root (checks never need fsync), hashing
+        inline (one worker: a crash state's files are few and small, a thread per file costs
+        more than hashing them)."""
+        return CheckpointDir(self.root, prefix=self.prefix, durable=False, workers=1)
 
 
 Checker: TypeAlias = Callable[[CrashState], object]

@@ -67,6 +67,15 @@ class Action:
     """Observation keys that may still show their old value once the rest is new (the
     named checkpoint a promotion copied, removed after the step is in place); never the
     other way round."""
+    crash: bool = True
+    """False: its crash states are not explored, only its live outcome checked (its run
+    changes a committed file itself and puts it back, which a crash between would show:
+    the user's doing, not the library's)."""
+    midway: Callable[[RootModel], None] | None = None
+    """The transition of its first phase, where it has one that a crash may show on its
+    own: a commit with ``retain=`` publishes its checkpoint before the retention deletes
+    any (even, where a higher step is kept, that checkpoint itself). Each entry of a
+    crash state may then also be as after ``midway``."""
 
 
 # ---- commits

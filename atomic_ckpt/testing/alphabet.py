@@ -1,5 +1,6 @@
-"""The alphabet of the model check: every action of :mod:`atomic_ckpt.testing.actions` by
-name, the ones left out until a defect is fixed, and the starting roots."""
+"""The alphabet of the model check: every action of :mod:`atomic_ckpt.testing.actions` and
+:mod:`atomic_ckpt.testing.parts` by name, the ones left out until a defect is fixed, and
+the starting roots."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from atomic_ckpt.testing.actions import (
     _write,
 )
 from atomic_ckpt.testing.model import RootModel, files_of
+from atomic_ckpt.testing.parts import LIVE_ONLY, MULTI, PARTS
 
 __all__ = ["ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"]
 
@@ -61,8 +63,11 @@ def _actions() -> tuple[Action, ...]:
         apply: Callable[[RootModel], None],
         multi: bool = False,
         lingers: tuple[str, ...] = (),
+        *,
+        crash: bool = True,
+        midway: Callable[[RootModel], None] | None = None,
     ) -> None:
-        out.append(Action(name, run, apply, multi, lingers))
+        out.append(Action(name, run, apply, multi, lingers, crash=crash, midway=midway))
 
     for name, step, files, kw in (
         ("commit_new", 3, A, {}),
@@ -74,7 +79,7 @@ def _actions() -> tuple[Action, ...]:
         ("commit_replace_aliases", 2, A, {"aliases": ("b",), "replace_aliases": True}),
     ):
         add(name, *_commit(step, files, **kw))
-    add("commit_retain", *_commit(3, A, keep_last=1), multi=True)
+    add("commit_retain", *_commit(3, A, keep_last=1), multi=True, midway=_commit(3, A)[1])
     add("commit_raises", _commit_raises, _refuse(Boom, "the block raised"))
     add("begin_publish", _begin_publish, _commit(3, B, metadata={"via": "begin"})[1])
     add("begin_abort", _begin_abort, _unchanged)
@@ -121,6 +126,10 @@ def _actions() -> tuple[Action, ...]:
     add("clean_force", lambda c: c.clean(force=True), _unchanged, multi=True)
     add("atomic_write", _atomic_write, _apply_atomic_write)
     add("async_save", _async_save, _apply_commit3b)
+    for name, (run, apply) in PARTS.items():
+        add(name, run, apply, crash=name not in LIVE_ONLY)
+    for name, (run, apply, midway) in MULTI.items():
+        add(name, run, apply, multi=True, midway=midway)
 
     return tuple(out)
 

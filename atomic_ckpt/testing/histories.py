@@ -6,10 +6,14 @@ A call refused with :class:`~atomic_ckpt.StepConflictError` (an amend whose chec
 another process replaced or deleted meanwhile) had no effect: it linearizes as a no-op.
 A process may be SIGKILLed mid-action: its action in flight may have taken effect or
 not, at any point after its invocation (``clean()`` runs before the final state is read).
+The victim runs :data:`SLOW` (a commit that pauses inside its block) and is killed only
+once it has logged that invocation, inside the pause: the kill lands mid-action, which
+the history shows as a call that never returned.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import multiprocessing
@@ -20,13 +24,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from atomic_ckpt import CheckpointDir
-from atomic_ckpt.testing.actions import Action
+from atomic_ckpt.testing.actions import Action, B
 from atomic_ckpt.testing.alphabet import Root, by_name
 from atomic_ckpt.testing.model import Observation, Refused, RootModel, observe
 
-__all__ = ["CONCURRENT", "Call", "check_history", "random_plans", "run_history"]
+__all__ = ["CONCURRENT", "SLOW", "Call", "check_history", "random_plans", "run_history"]
 
 CONCURRENT = (
     "commit_new",
@@ -40,6 +45,26 @@ CONCURRENT = (
     "promote_named",
 )
 """The actions the concurrent histories draw from."""
+
+SLOW = "commit_slow"
+"""A commit of step 3 (contents ``B``) that pauses inside its block: the action a killed
+process is killed in."""
+SLOW_PAUSE = 2.0
+"""Seconds :data:`SLOW` pauses with half its files written."""
+
+
+def _commit_slow(c: CheckpointDir) -> None:
+    with c.commit(3) as p:
+        (p / "model.bin").write_bytes(B["model.bin"])
+        time.sleep(SLOW_PAUSE)
+        (p / "extra").mkdir()
+        (p / "extra" / "opt.bin").write_bytes(B["extra/opt.bin"])
+
+
+def _action(name: str) -> Action:
+    if name == SLOW:
+        return dataclasses.replace(by_name("async_save"), name=SLOW, run=_commit_slow)
+    return by_name(name)
 
 
 @dataclass(frozen=True)
@@ -63,7 +88,7 @@ def _child(root: str, prefix: str, names: Sequence[str], log: str, index: int) -
             out.flush()
             raised = None
             try:
-                by_name(name).run(ckpts)
+                _action(name).run(ckpts)
             except Exception as exc:
                 raised = [c.__name__ for c in type(exc).__mro__]
             out.write(json.dumps({"p": index, "a": name, "t1": time.monotonic_ns(), "r": raised}))
@@ -80,8 +105,8 @@ def run_history(
     kill_after: float = 0.01,
 ) -> tuple[RootModel, list[Call], Observation]:
     """Set ``root`` up in ``directory``, run each plan in its own (forked) process, kill
-    process ``kill`` after ``kill_after`` seconds, clean; return the start model, the
-    history and the final observation."""
+    process ``kill`` ``kill_after`` seconds into its :data:`SLOW` action (its plan must
+    hold one), clean; return the start model, the history and the final observation."""
     ckpts = CheckpointDir(directory / "ckpts", prefix=root.prefix, workers=1)
     ckpts.root.mkdir(parents=True)
     model = RootModel(prefix=root.prefix)
@@ -97,10 +122,7 @@ def run_history(
     for p in procs:
         p.start()
     if kill is not None:
-        time.sleep(kill_after)
-        pid = procs[kill].pid
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+        _kill_in(procs[kill], kill, log, kill_after)
     for p in procs:
         p.join(60)
     open_calls: dict[tuple[int, str], int] = {}
@@ -117,6 +139,20 @@ def run_history(
     calls += [Call(p, a, t0, None, None) for (p, a), t0 in open_calls.items()]
     ckpts.clean()
     return model, calls, observe(ckpts.root, prefix=root.prefix)
+
+
+def _kill_in(proc: Any, index: int, log: Path, after: float) -> None:
+    """SIGKILL ``proc`` (process ``index``) ``after`` seconds into its :data:`SLOW` action
+    (at once if it ends without one)."""
+    deadline = time.monotonic() + 60
+    invoked = json.dumps({"p": index, "a": SLOW})[:-1] + ', "t0"'
+    while proc.is_alive() and time.monotonic() < deadline:
+        if log.exists() and invoked in log.read_text():
+            time.sleep(after)
+            break
+        time.sleep(0.005)
+    if proc.pid is not None and proc.is_alive():
+        os.kill(proc.pid, signal.SIGKILL)
 
 
 def _step(model: RootModel, action: Action) -> tuple[RootModel, str | None]:
@@ -151,7 +187,7 @@ def _fits(start: RootModel, order: Sequence[Call], final: Observation) -> bool:
     for c in order:
         if c.raised is not None and "StepConflictError" in c.raised:
             continue  # a concurrent change refused (amend's pin): no effect, as documented
-        model, refused = _step(model, by_name(c.action))
+        model, refused = _step(model, _action(c.action))
         if c.returned is None:
             continue
         if (refused is None) != (c.raised is None):

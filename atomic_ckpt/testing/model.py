@@ -168,7 +168,7 @@ def observe(root: Path, *, prefix: str = "") -> Observation:
                 out[f"file:{name}"] = (parent / name).read_bytes()
     if not root.is_dir():
         return out
-    ckpts = CheckpointDir(root, prefix=prefix, durable=False)
+    ckpts = CheckpointDir(root, prefix=prefix, durable=False, workers=1)
     for c in ckpts.checkpoints():
         try:
             ckpts.verify(c.step)

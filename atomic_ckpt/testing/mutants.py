@@ -6,18 +6,25 @@ the protocol, put back one at a time for the model check to find."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from atomic_ckpt import MARKER, Commit, SyncPolicy
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls import share as _share
+from atomic_ckpt._core.l3_formats.tree import identity
 from atomic_ckpt._core.l4_protocol import amend as _amend
+from atomic_ckpt._core.l4_protocol import begin as _begin
+from atomic_ckpt._core.l4_protocol import carry as _carry
+from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import stage as _stage
 
-__all__ = ["API_MUTANTS", "STEPS", "api_mutant", "mutant"]
+__all__ = ["API_MUTANTS", "KILLED_BY", "STEPS", "api_mutant", "mutant"]
 
 STEPS = ("file", "subdir", "marker", "marker_tmp", "staging", "root")
 """The durability steps of :class:`~atomic_ckpt.SyncPolicy` a mutant can switch off:
@@ -149,11 +156,88 @@ def _drop_aliases_after_promotion() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _publish_not_waiting() -> Iterator[None]:
+    """publish does not wait for blocks joined from other threads: it publishes without
+    the part they are still writing."""
+
+    def seal(self: Commit) -> None:
+        self._require_open("publish")
+        with self._cond:
+            self._sealed = True
+
+    with _patched(_joining.JoinedBlocks, "seal", seal):
+        yield
+
+
+@contextlib.contextmanager
+def _join_options_dropped() -> Iterator[None]:
+    """A joined block's metadata, aliases and retain are dropped, not merged."""
+
+    @contextlib.contextmanager
+    def joined(commit: Commit, **options: Any) -> Iterator[Path]:
+        commit.enter_join()
+        try:
+            yield commit.path
+        except BaseException as exc:
+            commit.leave_join(exc)
+            raise
+        commit.leave_join(None)
+
+    with _patched(_joining, "joined", joined):
+        yield
+
+
+@contextlib.contextmanager
+def _rejoin_replaces() -> Iterator[None]:
+    """join=True with no open commit over a committed checkpoint replaces all of it with
+    the one part."""
+    with _patched(_joining, "refuse_rejoin", lambda final, step: None):
+        yield
+
+
+@contextlib.contextmanager
+def _own_alias_unchecked() -> Iterator[None]:
+    """An alias equal to the checkpoint's own name is not refused up front: the commit
+    publishes, then fails making the alias."""
+    with contextlib.ExitStack() as stack:
+        for module in (_begin, _commit, _joining):
+            stack.enter_context(_patched(module, "check_own_aliases", lambda name, aliases: None))
+        yield
+
+
+@contextlib.contextmanager
+def _carry_trusts_source() -> Iterator[None]:
+    """A carry reuses the source's manifest entry without checking the file is still the
+    one it describes (written in place since: the new checkpoint records a stale checksum)."""
+
+    def one(staging: Path, source: Any, pin: int, entry: Any, made: list[Any]) -> Any:
+        target = staging / entry.path
+        if entry.type == "dir":
+            _fs.mkdir(target)
+            return None
+        if entry.type == "symlink":
+            _fs.symlink(entry.target or "", target)
+            return None
+        method, _ = _share.share_file(pin, entry.path, target)
+        bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
+        made.append((entry.path, (bare, identity(os.lstat(target)))))
+        return method
+
+    with _patched(_carry, "_one", one):
+        yield
+
+
 API_MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "join_error_not_aborting": _join_no_abort,
     "amend_stale_entries": _amend_stale_entries,
     "aliases_after_root_fsync": _aliases_after_root_fsync,
     "replace_aliases_drop_after_promotion": _drop_aliases_after_promotion,
+    "publish_not_waiting_for_join": _publish_not_waiting,
+    "join_options_dropped": _join_options_dropped,
+    "rejoin_replaces_committed": _rejoin_replaces,
+    "own_alias_after_publish": _own_alias_unchecked,
+    "carry_trusts_changed_source": _carry_trusts_source,
 }
 """The review defects, by name: each a context manager that puts one back."""
 
@@ -164,3 +248,18 @@ def api_mutant(name: str) -> contextlib.AbstractContextManager[None]:
     if name not in API_MUTANTS:
         raise ValueError(f"unknown API mutant {name!r}; choose one of {sorted(API_MUTANTS)}")
     return API_MUTANTS[name]()
+
+
+KILLED_BY: dict[str, tuple[str, tuple[str, ...]]] = {
+    "join_error_not_aborting": ("empty", ("join_raises",)),
+    "amend_stale_entries": ("two", ("amend_files",)),
+    "aliases_after_root_fsync": ("two", ("commit_alias",)),
+    "replace_aliases_drop_after_promotion": ("two", ("commit_replace_aliases",)),
+    "publish_not_waiting_for_join": ("empty", ("join_thread",)),
+    "join_options_dropped": ("empty", ("join_options",)),
+    "rejoin_replaces_committed": ("two", ("join_alone",)),
+    "own_alias_after_publish": ("empty", ("named_own_alias",)),
+    "carry_trusts_changed_source": ("two", ("carry_changed",)),
+}
+"""For each API mutant, a sequence of the default model check (a starting root of
+:data:`~atomic_ckpt.testing.alphabet.ROOTS`, action names) that fails with it put back."""

@@ -18,17 +18,34 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from atomic_ckpt import TMP_INFIX, CheckpointDir
+from atomic_ckpt._core.l1_names.names import TAG_STAGING, parse_tmp
 from atomic_ckpt.testing._crash import _quiet, record
 from atomic_ckpt.testing._results import CrashState
 from atomic_ckpt.testing.actions import Action
 from atomic_ckpt.testing.alphabet import ALPHABET, ROOTS, Root
 from atomic_ckpt.testing.model import Observation, Refused, RootModel, observe
 
-__all__ = ["Outcome", "Totals", "check_sequence", "explore_sequences", "sequences"]
+__all__ = [
+    "PAIRS",
+    "TRIPLES",
+    "Outcome",
+    "Totals",
+    "check_sequence",
+    "default_run",
+    "explore_sequences",
+    "sequences",
+]
+
+PAIRS = 300
+"""How many seq-2 sequences the default run samples (``seed`` 2)."""
+TRIPLES = 3000
+"""How many seq-3 sequences the soak samples (``seed`` 3), after every seq-2."""
 
 
 @dataclass
@@ -99,13 +116,22 @@ def _short(value: object) -> str:
     return text if len(text) < 120 else text[:117] + "..."
 
 
-def _judge(obs: Observation, before: Observation, after: Observation, action: Action) -> None:
-    """Reject ``obs`` unless each entry is before or after (see the module docstring)."""
-    for key in sorted(set(obs) | set(before) | set(after)):
-        if obs.get(key) not in (before.get(key), after.get(key)):
+def _judge(
+    obs: Observation,
+    before: Observation,
+    after: Observation,
+    action: Action,
+    midway: Observation | None = None,
+) -> None:
+    """Reject ``obs`` unless each entry is before or after (or as after the action's
+    ``midway`` phase); see the module docstring."""
+    mid = midway if midway is not None else before
+    for key in sorted(set(obs) | set(before) | set(after) | set(mid)):
+        if obs.get(key) not in (before.get(key), after.get(key), mid.get(key)):
             raise AssertionError(
                 f"{key} is {_short(obs.get(key))}: neither before ({_short(before.get(key))}) "
                 f"nor after ({_short(after.get(key))})"
+                + (f" nor midway ({_short(mid.get(key))})" if midway is not None else "")
             )
     changed = [
         k
@@ -165,23 +191,39 @@ def check_sequence(
 
     with record(save, setup=setup, prefix=root.prefix) as rec:
         outcome.operations = len(rec.ops)
-        if not crashes or outcome.problems:
+        if not crashes or not last.crash or outcome.problems:
             return outcome
         b, a_obs = before.observation(), after.observation()
+        m_obs: Observation | None = None
+        if last.midway is not None and expected is None:
+            mid = before.copy()
+            last.midway(mid)
+            m_obs = mid.observation()
         end = len(rec.ops)
+
+        seen: dict[object, Observation] = {}
 
         def checker(state: CrashState) -> None:
             prefix = state.prefix
-            obs = observe(state.root, prefix=prefix)
+            tree = snapshot(state.root)
+            # Crash states that differ only inside a staging directory (a commit's writes)
+            # look the same through the API: the root is observed once for all of them.
+            key = (_beside(state.root), _outside_staging(state.root, tree))
+            obs = seen.get(key)
+            if obs is None:
+                obs = seen[key] = observe(state.root, prefix=prefix)
             if state.crash_point == end and obs != a_obs:
                 raise AssertionError(f"after {last.name} returned: {_diff(obs, a_obs)}")
-            _judge(obs, b, a_obs, last)
+            _judge(obs, b, a_obs, last, m_obs)
             ckpts = state.checkpoints()
             if state.root.is_dir():
                 ckpts.clean()
-                cleaned = observe(state.root, prefix=prefix)
-                if cleaned != obs:
-                    raise AssertionError(f"clean() changed the state: {_diff(cleaned, obs)}")
+                # A clean() that changed nothing on disk changed nothing observable: the
+                # root is observed again only when it removed or restored something.
+                if snapshot(state.root) != tree:
+                    cleaned = observe(state.root, prefix=prefix)
+                    if cleaned != obs:
+                        raise AssertionError(f"clean() changed the state: {_diff(cleaned, obs)}")
                 ckpts.clean(force=True)
                 left = [n for n in os.listdir(state.root) if TMP_INFIX in n or "tmp-" in n]
                 if left:
@@ -197,6 +239,53 @@ def check_sequence(
     if report.failure is not None:
         outcome.problems.append(str(report.failure))
     return outcome
+
+
+def snapshot(top: Path) -> list[tuple[str, int, bytes]]:
+    """Every entry under ``top``: its path, its type bits and its bytes (a file's data, a
+    link's target); cheap next to :func:`~atomic_ckpt.testing.model.observe`."""
+    out: list[tuple[str, int, bytes]] = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            mode = stat.S_IFMT(os.lstat(path).st_mode)
+            if mode == stat.S_IFLNK:
+                data = os.fsencode(os.readlink(path))
+            elif mode == stat.S_IFREG:
+                with open(path, "rb") as f:
+                    data = f.read()
+            else:
+                data = b""
+            out.append((path, mode, data))
+    return out
+
+
+def _beside(root: Path) -> tuple[tuple[str, bytes], ...]:
+    """The ``.json`` files beside the root (what ``atomic_write`` writes), as observed."""
+    parent = root.parent
+    if not parent.is_dir():
+        return ()
+    return tuple(
+        (name, (parent / name).read_bytes())
+        for name in sorted(os.listdir(parent))
+        if name.endswith(".json") and (parent / name).is_file()
+    )
+
+
+def _outside_staging(root: Path, tree: list[tuple[str, int, bytes]]) -> tuple[object, ...]:
+    """``tree`` without the contents of staging directories (their names stay): the
+    public API never reads inside one (a name with ``.tmp-`` is never a checkpoint)."""
+    out: list[object] = []
+    top = str(root) + os.sep
+    for path, mode, data in tree:
+        rel = path[len(top) :] if path.startswith(top) else path
+        first, _, rest = rel.partition(os.sep)
+        tmp = parse_tmp(first)
+        if rest and tmp is not None and tmp.tag == TAG_STAGING and not tmp.is_lock:
+            continue
+        out.append((rel, mode, data))
+    return tuple(out)
 
 
 def _start(root: Root) -> RootModel:
@@ -219,6 +308,23 @@ def sequences(
     if sample is not None and sample < len(every):
         every = random.Random(seed).sample(every, sample)
     return every
+
+
+def default_run(
+    *,
+    extra: Sequence[Action] = (),
+    soak: bool = False,
+    pairs: int = PAIRS,
+    triples: int = TRIPLES,
+    seed: int = 2,
+) -> list[tuple[Root, tuple[Action, ...]]]:
+    """The sequences of the default run: every seq-1 of the alphabet (and ``extra``
+    actions) from every root, then ``pairs`` seq-2 sampled with ``seed``; the soak
+    (``soak=True``): every seq-2 instead, then ``triples`` seq-3 sampled with ``seed + 1``."""
+    todo = sequences(1, alphabet=(*ALPHABET, *extra))
+    if soak:
+        return todo + sequences(2) + sequences(3, sample=triples, seed=seed + 1)
+    return todo + sequences(2, sample=pairs, seed=seed)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,18 +33,46 @@ def crash_stats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashStats
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for line in _SUMMARY:
+    model = _model_summary()
+    for line in [*_SUMMARY, *([model] if model else [])]:
         terminalreporter.write_line(line)
+
+
+_TOTALS_DIR = "ATOMIC_CKPT_MODEL_TOTALS"
+"""A directory each xdist worker writes its model-check totals to, for the summary."""
+_KEYS = ("sequences", "operations", "crash_states", "distinct_states")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and _TOTALS_DIR not in os.environ:
+        os.environ[_TOTALS_DIR] = tempfile.mkdtemp(prefix="atomic_ckpt-model-totals-")
 
 
 @pytest.fixture(scope="session")
 def model_totals() -> Iterator[object]:
-    """Totals of the model check (tests/testing/test_model_check.py), for the summary."""
+    """Totals of the model check (tests/testing/test_model_*.py), for the summary: summed
+    over the xdist workers through files in ``$ATOMIC_CKPT_MODEL_TOTALS``."""
     from atomic_ckpt.testing.sequences import Totals
 
     totals = Totals()
     yield totals
-    _SUMMARY.append(
-        f"model check: {totals.sequences} sequences, {totals.operations} operations recorded, "
-        f"{totals.crash_states} crash states ({totals.distinct_states} distinct) checked"
+    if _TOTALS_DIR in os.environ:  # unset in a worker whose controller never loaded this
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        where = Path(os.environ[_TOTALS_DIR]) / f"{worker}.json"
+        where.write_text(json.dumps({k: getattr(totals, k) for k in _KEYS}))
+
+
+def _model_summary() -> str | None:
+    where = os.environ.get(_TOTALS_DIR)
+    parts = sorted(Path(where).glob("*.json")) if where else []
+    if not parts:
+        return None
+    sums = dict.fromkeys(_KEYS, 0)
+    for part in parts:
+        for k, v in json.loads(part.read_text()).items():
+            sums[k] += v
+    return (
+        f"model check: {sums['sequences']} sequences, {sums['operations']} operations "
+        f"recorded, {sums['crash_states']} crash states ({sums['distinct_states']} distinct) "
+        "checked"
     )
