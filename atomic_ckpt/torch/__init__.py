@@ -30,7 +30,9 @@ from atomic_ckpt import Checkpoint, CheckpointDir, VerifiedCheckpoint
 from atomic_ckpt.torch._bytes import (
     _failed,
     _load_pickle,
+    _mapped,
     _safetensors_tensors,
+    _unmap,
     _ViewReader,
 )
 
@@ -139,7 +141,8 @@ def load_state(
     """Load a state written by :func:`save_state` into ``model`` (and optimizer, scheduler).
 
     Pickled state is loaded with ``weights_only=True``, on a second thread while the
-    model file is read. Raises FileNotFoundError if the checkpoint lacks a file for an
+    model file is read (mapped and read ahead, the model's tensors copied once, as a
+    verified load reads it: an unverified load is never the slower one). Raises FileNotFoundError if the checkpoint lacks a file for an
     object you passed. Given a :class:`~atomic_ckpt.VerifiedCheckpoint` (from
     ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), every file is loaded
     from the very mapping it was hashed through, never by its path (which may hold
@@ -252,10 +255,15 @@ def _load(
     strict: bool,
     device: str,
 ) -> TrainingState:
-    """Load into the objects: the model from ``read`` (else its file), the rest from
+    """Load into the objects: the model from ``read`` (else its file, mapped), the rest from
     ``pickles`` (being deserialized meanwhile) and the JSON from ``read`` (else its file)."""
     if MODEL_FILE in read:
         _load_model_bytes(model, read[MODEL_FILE], strict=strict, device=device)
+    elif (view := _mapped(path / MODEL_FILE)) is not None:
+        try:  # unverified: the same mapping and read-ahead as a verified load
+            _load_model_bytes(model, view, strict=strict, device=device)
+        finally:
+            _unmap(view)
     else:
         load_model(model, str(path / MODEL_FILE), strict=strict, device=device)
     if optimizer is not None:
