@@ -114,9 +114,11 @@ def save_state(
     scheduler: _Stateful | None = None,
     epoch: int | None = None,
     metadata: Mapping[str, Any] | None = None,
+    replace_unusable: bool = False,
 ) -> Checkpoint:
-    """Commit a training state as checkpoint ``step`` of ``ckpts``, atomically and durably."""
-    with ckpts.begin(step, metadata=metadata) as commit:
+    """Commit a training state as checkpoint ``step`` of ``ckpts``, atomically and durably
+    (``replace_unusable`` as for ``CheckpointDir.commit``)."""
+    with ckpts.begin(step, metadata=metadata, replace_unusable=replace_unusable) as commit:
         write_state(
             commit.path,
             step=operator.index(step),
