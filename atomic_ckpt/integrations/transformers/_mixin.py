@@ -21,7 +21,7 @@ from atomic_ckpt.integrations.transformers._final import (
     _final_save,
     _means_latest,
 )
-from atomic_ckpt.integrations.transformers._hub import _hub_uploads
+from atomic_ckpt.integrations.transformers._hub import _hub_uploads, _Uploading
 from atomic_ckpt.integrations.transformers._resume import (
     CHECKPOINT_PREFIX,
     _barrier,
@@ -88,6 +88,8 @@ class AtomicCheckpointMixin(_Base):
         self._atomic_in_train = False
         self._atomic_views: dict[str, memoryview] = {}
         self._atomic_saving = False  # inside _save_checkpoint: save_model writes a commit
+        self._atomic_uploading = _Uploading()  # Hub uploads still reading a checkpoint
+        self._atomic_deferred = False  # a rotation kept one for an upload: rotate again
         world = self.args.world_size
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if self.args.save_on_each_node and per_node < world:
@@ -149,6 +151,8 @@ class AtomicCheckpointMixin(_Base):
             self._atomic_views = {}  # whatever no load released (no RNG file, say)
             self.args.save_total_limit = self._atomic_limit
             self._atomic_in_train = False
+        if self._atomic_deferred and _rank() == 0:  # Trainer waited for its uploads
+            self._rotate(self.checkpoint_dir(trial))
         self._keep_only_best(trial)
         return output
 
@@ -238,7 +242,7 @@ class AtomicCheckpointMixin(_Base):
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """``Trainer._push_from_checkpoint``, leaving :data:`HUB_IGNORE_PATTERNS` out."""
-        with _hub_uploads():
+        with _hub_uploads(self._atomic_uploading):
             super()._push_from_checkpoint(checkpoint_folder)
 
     def push_to_hub(
@@ -345,7 +349,22 @@ class AtomicCheckpointMixin(_Base):
         keep_last = limit
         if best is not None and best not in steps[-limit:]:
             keep_last = max(1, limit - 1)  # the best counts toward the limit, as in Trainer
-        ckpts.retain(keep_last=keep_last)
+        uploading = self._atomic_uploading.steps(ckpts)
+        self._atomic_deferred = False
+        if not uploading:
+            ckpts.retain(keep_last=keep_last)
+            return
+        # retain()'s plan, less what a background Hub upload still reads: kept until it
+        # ends (the next rotation, or the end of train(), deletes it).
+        keep = {*steps[-keep_last:], *([] if best is None else [best])}
+        for step in steps:
+            if step in keep:
+                continue
+            if step in uploading:
+                log.info("keeping %s while its Hub upload runs", ckpts.path_of(step))
+                self._atomic_deferred = True
+                continue
+            ckpts.delete(step, missing_ok=True)
 
     def _keep_only_best(self, trial: Any) -> None:
         """Trainer's end of training with ``save_total_limit=1``: only the best one stays."""
