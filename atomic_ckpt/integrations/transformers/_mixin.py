@@ -15,7 +15,6 @@ from transformers.trainer_utils import TrainOutput
 
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, atomic_write, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
-from atomic_ckpt.distributed import resume_verified
 from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
     _final_save,
@@ -27,13 +26,16 @@ from atomic_ckpt.integrations.transformers._resume import (
     _barrier,
     _checkpoints,
     _clean,
-    _distributed,
-    _loaded_by,
     _rank,
     _read_with,
-    last_checkpoint,
 )
 from atomic_ckpt.integrations.transformers._save import _commit
+from atomic_ckpt.integrations.transformers._verified import (
+    _VerifiedPath,
+    last_checkpoint,
+    verified_latest,
+    verified_path,
+)
 
 log = logging.getLogger(__package__ or __name__)
 
@@ -64,9 +66,12 @@ class AtomicCheckpointMixin(_Base):
     pages, and one the kernel evicts in between is read again. The mappings of each group
     are released as soon as the load that reads it returns (``_load_from_checkpoint``,
     ``_load_optimizer_and_scheduler``, ``_load_rng_state``: the first step), the rest when
-    ``train`` returns. Not covered: a path passed as ``resume_from_checkpoint`` (it is not
-    verified) and :func:`last_checkpoint` (it returns a path: the files are read again by
-    Trainer, from storage unless still cached). With several ranks
+    ``train`` returns. The same holds for a path taken from
+    ``last_checkpoint(verify=True)`` (verified there; its string carries the mappings,
+    which ``train`` takes over, verifying nothing again) and, with
+    ``verify_on_resume=True``, for a ``checkpoint-N`` path passed as
+    ``resume_from_checkpoint``: it is verified first (a VerificationError if it does not
+    verify: a path the caller chose is never swapped for an older one). With several ranks
     (``atomic_ckpt.distributed.resume_verified``), each rank hashes and holds the files it
     loads (the shared ones and its own ``rng_state_<r>.pth``), and rank 0 also the rest;
     rank 0 chooses for every rank.
@@ -124,6 +129,12 @@ class AtomicCheckpointMixin(_Base):
             resume_from_checkpoint = True
         elif self.args.output_dir is not None and _rank() == 0:
             _clean_if_present(self.args.output_dir)
+        if isinstance(resume_from_checkpoint, _VerifiedPath):  # last_checkpoint(verify=True)
+            self._atomic_views = resume_from_checkpoint.take()
+        elif self._atomic_verify and isinstance(resume_from_checkpoint, str | os.PathLike):
+            found_path = verified_path(resume_from_checkpoint)  # read once, as below
+            self._atomic_views = found_path.take()
+            resume_from_checkpoint = str(found_path)
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             if self.args.output_dir is None:
                 raise ValueError("resume_from_checkpoint=True needs args.output_dir")
@@ -292,16 +303,11 @@ class AtomicCheckpointMixin(_Base):
         ckpts = _checkpoints(output_dir)
         if _rank() == 0:
             _clean(ckpts)
-        # Which files to keep mapped: those of the newest checkpoint this rank loads (the
-        # one verified, unless it fails and an older one, saved by the same Trainer, is
-        # taken); every rank lists the root for that, but rank 0 alone chooses.
-        newest = ckpts.latest()
-        names = [] if newest is None else _loaded_by(newest, _rank(), _distributed())
-        found = resume_verified(ckpts, names)  # one process: ckpts.resume_verified(names)
+        found = verified_latest(ckpts)
         if found is None:
             return None
-        self._atomic_views = dict(found.files)
-        return str(found.checkpoint.path)
+        self._atomic_views = found.take()
+        return str(found)
 
     def _release(self, *groups: str) -> None:
         """Drop the mappings of the files read by the loads named in ``groups`` (unmapped
