@@ -58,7 +58,8 @@ def test_an_unverified_resume_loads_the_model_from_a_mapping_never_the_file_load
     model, opt2 = _model(2)
     assert not _same(model, saved)
     state = resume(ckpts, model=model, optimizer=opt2)
-    assert state is not None and state.step == 1
+    assert state is not None
+    assert state.step == 1
     assert mapped == [ckpts.path_of(1) / MODEL_FILE]
     assert _same(model, saved)
     assert opt2.state_dict()["state"].keys() == opt.state_dict()["state"].keys()

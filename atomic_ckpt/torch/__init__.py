@@ -144,9 +144,10 @@ def load_state(
 
     Pickled state is loaded with ``weights_only=True``, on a second thread while the
     model file is read (mapped and read ahead, the model's tensors copied once, as a
-    verified load reads it: an unverified load is never the slower one). Raises FileNotFoundError if the checkpoint lacks a file for an
-    object you passed. Given a :class:`~atomic_ckpt.VerifiedCheckpoint` (from
-    ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), every file is loaded
+    verified load reads it: an unverified load is never the slower one). Raises
+    FileNotFoundError if the checkpoint lacks a file for an object you passed. Given a
+    :class:`~atomic_ckpt.VerifiedCheckpoint` (from ``CheckpointDir.resume_verified``
+    with :data:`STATE_FILES`), every file is loaded
     from the very mapping it was hashed through, never by its path (which may hold
     another save by now): each byte comes from storage once, and only verified bytes
     are loaded. A file the load needs that the VerifiedCheckpoint did not keep is a

@@ -171,6 +171,4 @@ class TrainerOps:
         replace one a newer atomic_ckpt wrote or one moved there by hand unless
         ``replace_unusable=True``). The supported form of ``mv name N``.
         """
-        return _named.promote(
-            self._root, name, check_step(step), replace_unusable=replace_unusable
-        )
+        return _named.promote(self._root, name, check_step(step), replace_unusable=replace_unusable)

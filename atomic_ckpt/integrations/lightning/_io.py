@@ -391,7 +391,7 @@ def _rank() -> int:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", 0))
+    return int(os.environ.get("RANK", "0"))
 
 
 def _local(path: Any) -> str:

@@ -75,14 +75,15 @@ def test_a_failed_background_save_is_logged_and_raised_by_the_next_save(
     fault = _FailingSave(fail_at=2)
     monkeypatch.setattr(_checked, "save", fault)
     root = tmp_path / "ckpts"
-    with caplog.at_level(logging.ERROR), pytest.raises(OSError) as info:
+    with caplog.at_level(logging.ERROR), pytest.raises(OSError, match="No space left") as info:
         _fit(root, steps=5)
     assert fault.failed, "the injected fault did not fire"
     assert info.value.errno == errno.ENOSPC
     assert fault.failed[0] in str(info.value)
     messages = _errors(caplog)
     assert len(messages) == 1, messages
-    assert fault.failed[0] in messages[0] and "on rank 0" in messages[0]
+    assert fault.failed[0] in messages[0]
+    assert "on rank 0" in messages[0]
     assert "No space left" in messages[0] or "ENOSPC" in messages[0]
     assert not Path(fault.failed[0]).exists()
     assert len(fault.calls) < 5  # raised before the run had queued all its saves
@@ -96,7 +97,7 @@ def test_a_failed_last_save_is_raised_at_teardown(
     fault = _FailingSave(fail_at=3)
     monkeypatch.setattr(_checked, "save", fault)
     root = tmp_path / "ckpts"
-    with caplog.at_level(logging.ERROR), pytest.raises(OSError) as info:
+    with caplog.at_level(logging.ERROR), pytest.raises(OSError, match="No space left") as info:
         _fit(root, steps=3)
     assert fault.failed, "the injected fault did not fire"
     assert len(fault.calls) == 3  # the failing save was the last one queued

@@ -281,7 +281,8 @@ def test_a_sharded_strategy_loads_the_file_it_verified_even_if_the_name_is_repla
     monkeypatch.setattr(_checked, "verified", then_replace)
     strategy = _Sharded(io)
     loaded = strategy.load_checkpoint(path)
-    assert fired and "fd" in fired[0], "the replacement did not run after the check"
+    assert fired, "the replacement did not run after the check"
+    assert "fd" in fired[0]
     assert torch.equal(loaded["w"], weights)
     assert not torch.equal(torch.load(path, weights_only=True)["w"], weights)  # damaged now
     assert "broadcast" not in vars(strategy)  # the class's own again

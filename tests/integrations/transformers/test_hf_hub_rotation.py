@@ -138,14 +138,16 @@ def test_a_checkpoint_being_uploaded_is_kept_until_its_upload_ends(
     out = tmp_path / "out"
     with caplog.at_level(logging.INFO, logger="atomic_ckpt.integrations.transformers"):
         _, on_disk = _train(out, hub)
-    assert hub.gate.is_set() and len(hub.threads) >= 4  # the uploads were held
+    assert hub.gate.is_set()
+    assert len(hub.threads) >= 4
     assert hub.errors == []
     checkpoint_pushes = [files for message, files in hub.sent if message.endswith("checkpoint")]
     uploaded = {f.parent.name for files in checkpoint_pushes for f in files}
     assert {"checkpoint-2", "checkpoint-4"} <= uploaded
     assert on_disk[4] == [2, 4]  # after step 4's save: kept for its upload (limit 1)
-    assert any("keeping" in r.getMessage() and "checkpoint-2" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "keeping" in r.getMessage() and "checkpoint-2" in r.getMessage() for r in caplog.records
+    )
     assert CheckpointDir(out, prefix="checkpoint-").steps() == [6]
 
 

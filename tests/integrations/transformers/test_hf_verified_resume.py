@@ -250,7 +250,8 @@ def test_a_path_from_last_checkpoint_verify_is_read_once(
     make_trainer(out, verify=False, max_steps=4, save_steps=4).train()
     counter = ReadCounter(monkeypatch)
     path = last_checkpoint(out, verify=True)
-    assert path == str(out / "checkpoint-4") and os.fspath(path) == path
+    assert path == str(out / "checkpoint-4")
+    assert os.fspath(path) == path
     files = _checkpoint_files(out, 4)
     assert counter.reads() == dict.fromkeys(files, 1)
     assert counter.hashed == {}  # mapped and kept, never hashed and dropped
@@ -293,7 +294,7 @@ def test_a_damaged_path_passed_with_verify_on_resume_is_refused(tmp_path: Path) 
     data[len(data) // 2] ^= 0x01
     damaged.write_bytes(bytes(data))
     trainer = make_trainer(out, verify=True, max_steps=5, save_steps=10)
-    with pytest.raises(VerificationError, match="optimizer.pt"):
+    with pytest.raises(VerificationError, match=r"optimizer\.pt"):
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-4"))
     assert trainer.held == {}  # nothing was loaded
     other = tmp_path / "elsewhere"
