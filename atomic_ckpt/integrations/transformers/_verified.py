@@ -1,8 +1,9 @@
-"""Verified resumes that read each byte once, whichever way the checkpoint is named: chosen by
-``resume_from_checkpoint=True``, taken from :func:`last_checkpoint` with ``verify=True``, or
-passed as a path (issue 30 item 23). The files a rank loads are hashed through mappings
-that are then held while Trainer loads them by path, so its reads are served from the very
-pages hashed."""
+"""Verified resumes that read each byte once, however the checkpoint is named; last_checkpoint.
+
+Chosen by ``resume_from_checkpoint=True``, taken from :func:`last_checkpoint` with
+``verify=True``, or passed as a path (issue 30 item 23): the files a rank loads are hashed
+through mappings that are then held while Trainer loads them by path, so its reads are
+served from the very pages hashed."""
 
 from __future__ import annotations
 
