@@ -16,7 +16,8 @@ file after a ``sync``; with root, ``/proc/sys/vm/drop_caches`` too), so every by
 from the device; "warm" reads it once first. The report gives medians and the ratios
 ``verified / unverified`` (and its inverse) and ``unverified / read``; the targets are a
 verified resume within 1.1x of an unverified one, cold, and an unverified resume never
-slower than a verified one (``unverified / verified`` at most 1.0, cold and warm). Results: ``benchmarks/results/resume.{json,md}``.
+slower than a verified one (``unverified / verified`` at most 1.0, cold and warm).
+Results: ``benchmarks/results/resume.{json,md}``.
 """
 
 from __future__ import annotations
