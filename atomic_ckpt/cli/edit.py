@@ -21,7 +21,7 @@ def promote(args: argparse.Namespace) -> int:
     """``atomic-ckpt promote ROOT NAME STEP``: exit 1 if there is no complete NAME."""
     ckpts = _local(args, "promote")
     try:
-        ckpt = ckpts.promote_named(args.name, args.step)
+        ckpt = ckpts.promote_named(args.name, args.step, replace_unusable=args.replace_unusable)
     except CheckpointNotFoundError as exc:
         raise Failure(str(exc), EXIT_NONE) from None
     print(f"promoted {args.name} to step {ckpt.step}: {ckpt.path}")

@@ -100,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     c = root_cmd("promote", "make the named checkpoint NAME step STEP, atomically and durably")
     c.add_argument("name", metavar="NAME", help="a named checkpoint, e.g. interrupted")
     c.add_argument("step", metavar="STEP", type=int, help="the step it becomes (replaced if there)")
+    c.add_argument(
+        "--replace-unusable",
+        action="store_true",
+        help="also replace a STEP a newer atomic_ckpt wrote, or one moved there by hand",
+    )
     c = root_cmd("rm", "delete a complete checkpoint (a step or a named one) durably")
     c.add_argument("target", metavar="STEP|NAME", help="a step number or a checkpoint name")
     c.add_argument(

@@ -126,6 +126,7 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
         cache_staged_state_dict: bool = False,
         _extensions: Sequence[StreamTransformExtension] | None = None,
         serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE,
+        replace_unusable: bool = False,
     ) -> None:
         if not isinstance(ckpts, CheckpointDir):
             raise TypeError(f"ckpts must be a CheckpointDir, got {type(ckpts).__name__}")
@@ -153,6 +154,9 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
         """The step committed."""
         self.metadata = dict(metadata) if metadata is not None else None
         self.retain = retain
+        self.replace_unusable = replace_unusable
+        """As for ``CheckpointDir.commit``: replace a checkpoint a newer atomic_ckpt wrote,
+        or one moved to this step's name by hand, knowingly (else: StepConflictError)."""
         self.timeout = timeout
         self.on_pending = on_pending
         self.checkpoint: Checkpoint | None = None
@@ -253,7 +257,12 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # 1. The coordinator begins the commit and ships the staging name in each plan.
-        commit = self.ckpts.begin(self.step, metadata=self.metadata, retain=self.retain)
+        commit = self.ckpts.begin(
+            self.step,
+            metadata=self.metadata,
+            retain=self.retain,
+            replace_unusable=self.replace_unusable,
+        )
         self._commit = commit
         return [
             dataclasses.replace(p, storage_data=_StagedPrefix(f"__{i}_", commit.path.name))

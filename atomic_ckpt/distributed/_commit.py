@@ -49,6 +49,7 @@ def distributed_commit(
     retain: RetentionPolicy | None = None,
     entry_timeout: float = DEFAULT_ENTRY_TIMEOUT,
     dedup: bool | int | str = False,
+    replace_unusable: bool = False,
 ) -> Iterator[Path]:
     """Commit one checkpoint written by every rank of ``group`` (default: all ranks).
 
@@ -62,6 +63,10 @@ def distributed_commit(
     between the slowest and the fastest rank's save. ``retain`` is applied by
     rank 0 after the commit is durable (only rank 0 deletes). ``dedup`` as for
     ``ckpts.commit`` (rank 0 links the files equal to the previous checkpoint's).
+    ``replace_unusable`` as for
+    ``ckpts.commit``: a step directory holding a checkpoint a newer atomic_ckpt wrote, or
+    one moved there by hand, is refused on every rank (rank 0 checks, before anything is
+    written) unless it is True.
 
     It is collective: called on some ranks only (say inside ``if rank == 0:``,
     followed by a barrier) it cannot complete, so every rank first checks that
@@ -75,7 +80,13 @@ def distributed_commit(
     """
     step = operator.index(step)
     if _single_process(group):  # no process group: one process is every rank
-        with ckpts.commit(step, metadata=metadata, retain=retain, dedup=dedup) as staging:
+        with ckpts.commit(
+            step,
+            metadata=metadata,
+            retain=retain,
+            dedup=dedup,
+            replace_unusable=replace_unusable,
+        ) as staging:
             Declared.open(staging)  # declare() and rank_path() work as on rank 0
             try:
                 yield staging
@@ -85,7 +96,15 @@ def distributed_commit(
     _all_entered(group, "distributed_commit", entry_timeout, step)
     ranks = _Ranks(_coordination_group(group, timeout), step, timeout)
     # 1. Rank 0 creates the staging dir (its lock first) and broadcasts its name.
-    commit, staging = _begin(ckpts, ranks, step, metadata=metadata, retain=retain, dedup=dedup)
+    commit, staging = _begin(
+        ckpts,
+        ranks,
+        step,
+        metadata=metadata,
+        retain=retain,
+        dedup=dedup,
+        replace_unusable=replace_unusable,
+    )
     declared_here = Declared.open(staging)
     try:
         # 2. Every rank writes its files (and declares them, with rank_path or declare).
@@ -142,6 +161,7 @@ def rank0_commit(
     replace_aliases: bool = False,
     join: bool = False,
     entry_timeout: float = DEFAULT_ENTRY_TIMEOUT,
+    replace_unusable: bool = False,
 ) -> Iterator[Path | None]:
     """Commit a checkpoint that rank 0 alone writes (a model every rank holds whole),
     while the other ranks wait for it.
@@ -156,8 +176,9 @@ def rank0_commit(
     or hangs, the others raise DistributedCommitError (at once for a lost connection,
     after ``timeout`` seconds for a hang) instead of gloo's "connection closed" or an
     NCCL hang. An error in another rank's block is that rank's own and stops nothing.
-    ``metadata``, ``retain`` (steps only), ``aliases`` and ``replace_aliases`` as for
-    ``ckpts.commit``.
+    ``metadata``, ``retain`` (steps only), ``aliases``, ``replace_aliases`` and
+    ``replace_unusable`` as for ``ckpts.commit`` (a refusal to replace an unusable
+    checkpoint is rank 0's error, and DistributedCommitError on the other ranks).
 
     ``join=True`` inside an enclosing ``rank0_commit`` of the same step or name (on
     every rank, as SPMD code nests): yields the enclosing block's directory (None off
@@ -190,6 +211,7 @@ def rank0_commit(
         "metadata": metadata,
         "aliases": aliases,
         "replace_aliases": replace_aliases,
+        "replace_unusable": replace_unusable,
     }
     if isinstance(target, str):
         if retain is not None:
@@ -292,7 +314,8 @@ def _begin(
     *,
     metadata: Mapping[str, Any] | None,
     retain: RetentionPolicy | None,
-    dedup: bool | int | str = False,
+    dedup: bool | int | str,
+    replace_unusable: bool,
 ) -> tuple[Commit | None, Path]:
     """Step 1: rank 0 takes its staging lock and creates the staging dir; every rank
     receives its name. Returns rank 0's commit (None on the other ranks) and the dir."""
@@ -300,7 +323,13 @@ def _begin(
     problem: BaseException | None = None
     if ranks.rank == 0:
         try:
-            commit = ckpts.begin(step, metadata=metadata, retain=retain, dedup=dedup)
+            commit = ckpts.begin(
+                step,
+                metadata=metadata,
+                retain=retain,
+                dedup=dedup,
+                replace_unusable=replace_unusable,
+            )
         except Exception as exc:
             problem = exc
     try:

@@ -35,7 +35,9 @@ from atomic_ckpt.torch import _frozen
 from atomic_ckpt.torch._bytes import (
     _failed,
     _load_pickle,
+    _mapped,
     _safetensors_tensors,
+    _unmap,
     _ViewReader,
 )
 
@@ -142,6 +144,7 @@ def save_state(
     metadata: Mapping[str, Any] | None = None,
     carry_frozen: bool = False,
     constant_buffers: Collection[str] = (),
+    replace_unusable: bool = False,
 ) -> Checkpoint:
     """Commit a training state as checkpoint ``step`` of ``ckpts``, atomically and durably.
 
@@ -155,7 +158,7 @@ def save_state(
     ``atomic_ckpt.torch`` logger. Every checkpoint still loads alone: :func:`load_state`
     and :func:`resume` read both files. ``constant_buffers`` without ``carry_frozen``, a
     name that is no persistent buffer of ``model``, or ``carry_frozen`` without a model
-    are errors.
+    are errors. ``replace_unusable`` as for ``CheckpointDir.commit``.
     """
     constant = _frozen.check_options(model, carry_frozen, constant_buffers)
     if carry_frozen:
@@ -165,6 +168,7 @@ def save_state(
             model=model,
             constant=constant,
             metadata=metadata,
+            replace_unusable=replace_unusable,
             write_rest=functools.partial(
                 _write_rest,
                 step=step,
@@ -174,7 +178,7 @@ def save_state(
                 metadata=metadata,
             ),
         )
-    with ckpts.begin(step, metadata=metadata) as commit:
+    with ckpts.begin(step, metadata=metadata, replace_unusable=replace_unusable) as commit:
         write_state(
             commit.path,
             step=operator.index(step),
@@ -199,9 +203,11 @@ def load_state(
     """Load a state written by :func:`save_state` into ``model`` (and optimizer, scheduler).
 
     Pickled state is loaded with ``weights_only=True``, on a second thread while the
-    model file is read. Raises FileNotFoundError if the checkpoint lacks a file for an
-    object you passed. Given a :class:`~atomic_ckpt.VerifiedCheckpoint` (from
-    ``CheckpointDir.resume_verified`` with :data:`STATE_FILES`), every file is loaded
+    model file is read (mapped and read ahead, the model's tensors copied once, as a
+    verified load reads it: an unverified load is never the slower one). Raises
+    FileNotFoundError if the checkpoint lacks a file for an object you passed. Given a
+    :class:`~atomic_ckpt.VerifiedCheckpoint` (from ``CheckpointDir.resume_verified``
+    with :data:`STATE_FILES`), every file is loaded
     from the very mapping it was hashed through, never by its path (which may hold
     another save by now): each byte comes from storage once, and only verified bytes
     are loaded. A file the load needs that the VerifiedCheckpoint did not keep is a
@@ -312,13 +318,18 @@ def _load(
     strict: bool,
     device: str,
 ) -> TrainingState:
-    """Load into the objects: the model from ``read`` (else its file), the rest from
+    """Load into the objects: the model from ``read`` (else its file, mapped), the rest from
     ``pickles`` (being deserialized meanwhile) and the JSON from ``read`` (else its file)."""
     both = _frozen.read_state(path, read, MODEL_FILE, device)
     if both is not None:
         _frozen.load_into(model, both, strict=strict)
     elif MODEL_FILE in read:
         _load_model_bytes(model, read[MODEL_FILE], strict=strict, device=device)
+    elif (view := _mapped(path / MODEL_FILE)) is not None:
+        try:  # unverified: the same mapping and read-ahead as a verified load
+            _load_model_bytes(model, view, strict=strict, device=device)
+        finally:
+            _unmap(view)
     else:
         load_model(model, str(path / MODEL_FILE), strict=strict, device=device)
     if optimizer is not None:

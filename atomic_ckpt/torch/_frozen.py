@@ -64,12 +64,13 @@ def save(
     constant: frozenset[str],
     metadata: Mapping[str, Any] | None,
     write_rest: Callable[[Path], None],
+    replace_unusable: bool = False,
 ) -> Checkpoint:
     """``save_state(..., carry_frozen=True)``: the frozen tensors hashed on threads
     (off the GIL: :mod:`._hash`) while the model file and the other files
     (``write_rest(directory)``) are written and their writeback started (a hint: the
     publish still fsyncs them), then the frozen file carried or written."""
-    with ckpts.begin(step, metadata=metadata) as commit:
+    with ckpts.begin(step, metadata=metadata, replace_unusable=replace_unusable) as commit:
         rest, frozen = split(model, constant)
         threads = min(4, os.cpu_count() or 1)
         with ThreadPoolExecutor(threads, thread_name_prefix="atomic_ckpt-hash") as pool:

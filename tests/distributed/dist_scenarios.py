@@ -345,6 +345,81 @@ def rank0_saves_nested(ctx: Ctx) -> Any:
     return seen
 
 
+@scenario
+def rank0_join_swallowed(ctx: Ctx) -> Any:
+    """Issue 30 items 1 and 5: an outer ``rank0_commit`` of step 9 writes the model; a
+    block joined to it (``join=True``) writes half an optimizer file and raises OSError,
+    on the ranks in ``params["raise_on"]``; the caller swallows that error. What each rank
+    then sees: the error its outer block ended with, the steps, what was left."""
+    from atomic_ckpt import CheckpointDir
+
+    raise_on = ctx.params["raise_on"]
+    fired: list[int] = []
+    seen: dict[str, Any] = {"outer": None}
+    try:
+        with rank0_commit(ctx.ckpts, 9, timeout=TIMEOUT) as path:
+            if path is not None:
+                (path / "model.bin").write_bytes(payload(0, 9))
+            try:
+                with rank0_commit(ctx.ckpts, 9, join=True, timeout=TIMEOUT) as inner:
+                    if inner is not None:
+                        (inner / "optimizer.bin").write_bytes(b"half")
+                    if ctx.rank in raise_on:
+                        fired.append(ctx.rank)
+                        raise OSError("half written on purpose")
+            except OSError:
+                pass  # the caller swallows it
+    except Exception as exc:
+        seen["outer"] = type(exc).__name__
+        seen["message"] = str(exc)
+    dist.barrier()  # every rank's outer block has ended: look at the root now
+    fresh = CheckpointDir(ctx.ckpts.root)
+    seen["fired"] = fired
+    seen["steps"] = fresh.steps()
+    seen["left"] = sorted(n for n in os.listdir(fresh.root) if ".tmp-" in n)
+    return seen
+
+
+@scenario
+def commit_over_moved(ctx: Ctx) -> Any:
+    """Issue 30 item 6: step 5 holds a complete checkpoint moved there by hand (``mv
+    interrupted 5``, made on rank 0). ``rank0_commit`` and ``distributed_commit`` of step 5
+    are refused on every rank; with ``replace_unusable=True`` each commits."""
+    if ctx.rank == 0:
+        with ctx.ckpts.commit_named("interrupted") as path:
+            (path / "model.bin").write_bytes(b"interrupt save")
+        os.rename(ctx.ckpts.root / "interrupted", ctx.ckpts.path_of(5))
+    dist.barrier()
+    seen: dict[str, Any] = {}
+    for how in ("rank0_commit", "distributed_commit"):
+        for replace in (False, True):
+            try:
+                if how == "rank0_commit":
+                    with rank0_commit(
+                        ctx.ckpts, 5, timeout=TIMEOUT, replace_unusable=replace
+                    ) as path:
+                        if path is not None:
+                            (path / "model.bin").write_bytes(payload(0, 5))
+                else:
+                    with distributed_commit(
+                        ctx.ckpts, 5, timeout=TIMEOUT, replace_unusable=replace
+                    ) as path:
+                        write_shard(ctx, path, 5)
+                seen[f"{how} {replace}"] = "committed"
+            except Exception as exc:
+                seen[f"{how} {replace}"] = f"{type(exc).__name__}: {exc}"
+            if how == "rank0_commit" and not replace:
+                seen["kept"] = (ctx.ckpts.path_of(5) / "model.bin").read_bytes().decode()
+            if how == "rank0_commit" and replace and ctx.rank == 0:
+                # Moved by hand again, for distributed_commit's turn.
+                with ctx.ckpts.commit_named("interrupted") as path:
+                    (path / "model.bin").write_bytes(b"interrupt save")
+                ctx.ckpts.delete(5)
+                os.rename(ctx.ckpts.root / "interrupted", ctx.ckpts.path_of(5))
+            dist.barrier()
+    return seen
+
+
 # ---------------------------------------------------------------- the verified resume
 
 SHARED, UNREAD = "shared.bin", "unread.bin"

@@ -180,6 +180,7 @@ def map_file(
     algorithm: str | None,
     *,
     on_read: Callable[[int], None] | None = None,
+    fd: int | None = None,
 ) -> tuple[memoryview, str | None]:
     """A regular file (never through a symlink) mapped into memory, and its checksum
     computed through that mapping: the pages hashed are the pages a loader then reads
@@ -190,10 +191,13 @@ def map_file(
     nothing writes to it). Only for files nobody truncates while they are mapped (a
     committed checkpoint's): touching a page past a truncated end is SIGBUS. An empty
     file is an empty view. ``algorithm`` None: mapped, not hashed. Sets
-    :func:`hashed_size` like checksum_file.
+    :func:`hashed_size` like checksum_file. ``fd``: the file is that open descriptor
+    (left open), ``path`` only names it.
     """
     _local.hashed = None
-    fd = os.open(path, _OPEN_FLAGS)
+    given = fd
+    if fd is None:
+        fd = os.open(path, _OPEN_FLAGS)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
@@ -216,7 +220,8 @@ def map_file(
         elif on_read is not None:
             on_read(size)
     finally:
-        os.close(fd)
+        if given is None:
+            os.close(fd)
     _local.hashed = size
     return view, digest
 

@@ -77,7 +77,7 @@ def listing(root: Root) -> list[NamedCheckpoint]:
     return out
 
 
-def promote(root: Root, name: str, step: int) -> Checkpoint:
+def promote(root: Root, name: str, step: int, *, replace_unusable: bool = False) -> Checkpoint:
     """Turn the named checkpoint ``name`` into step ``step``, atomically and durably.
 
     A commit of ``step`` whose files are hard links to the named checkpoint's (copies
@@ -100,7 +100,13 @@ def promote(root: Root, name: str, step: int) -> Checkpoint:
     base = Checkpoint(step, named.path, named.manifest)
     pin = _amend.Pinned.of(base, "promoted")
     try:
-        commit = _begin.begin(root, step, metadata=named.manifest.metadata, aliases=aliases)
+        commit = _begin.begin(
+            root,
+            step,
+            metadata=named.manifest.metadata,
+            aliases=aliases,
+            replace_unusable=replace_unusable,
+        )
         try:
             files = _amend.carry_over(root, base, commit.path, [], set(), pin=pin)
             # The named checkpoint must still be the version carried when the step appears.

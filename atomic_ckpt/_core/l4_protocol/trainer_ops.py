@@ -169,10 +169,14 @@ class TrainerOps:
         """Every complete named checkpoint, by name."""
         return _named.listing(self._root)
 
-    def promote_named(self, name: str, step: SupportsIndex) -> Checkpoint:
+    def promote_named(
+        self, name: str, step: SupportsIndex, *, replace_unusable: bool = False
+    ) -> Checkpoint:
         """Turn the named checkpoint ``name`` into step ``step``, atomically and durably.
 
         Its manifest is rewritten to record the step, then it is renamed (replacing
-        an existing step the way a commit does). The supported form of ``mv name N``.
+        an existing step the way a commit does, and refusing, as a commit does, to
+        replace one a newer atomic_ckpt wrote or one moved there by hand unless
+        ``replace_unusable=True``). The supported form of ``mv name N``.
         """
-        return _named.promote(self._root, name, check_step(step))
+        return _named.promote(self._root, name, check_step(step), replace_unusable=replace_unusable)

@@ -155,6 +155,7 @@ class AsyncCommitter(ClosesOnExit):
         state: Any,
         *,
         metadata: Mapping[str, Any] | None = None,
+        replace_unusable: bool = False,
     ) -> None:
         """Start committing ``step`` in the background and return.
 
@@ -164,7 +165,8 @@ class AsyncCommitter(ClosesOnExit):
         or a state that is copied here, in the caller's thread, with
         :func:`snapshot`, and written by the writer. Waits first for the
         previous commit, and raises its error if it failed (then nothing new
-        is started).
+        is started). ``replace_unusable`` as for ``CheckpointDir.commit`` (the refusal
+        is the background commit's error, raised by the next call).
         """
         step = check_step(step)
         meta = check_metadata(metadata)
@@ -189,7 +191,7 @@ class AsyncCommitter(ClosesOnExit):
             self._step = step
             self._thread = threading.Thread(
                 target=self._run,
-                args=(step, job, meta),
+                args=(step, job, meta, replace_unusable),
                 name=f"atomic_ckpt-commit-{step}",
                 # Not a daemon: at interpreter exit Python waits for the commit
                 # to finish rather than killing it halfway.
@@ -224,9 +226,17 @@ class AsyncCommitter(ClosesOnExit):
         if thread is not None:
             thread.join()
 
-    def _run(self, step: int, job: Callable[[Path], None], metadata: dict[str, Any]) -> None:
+    def _run(
+        self,
+        step: int,
+        job: Callable[[Path], None],
+        metadata: dict[str, Any],
+        replace_unusable: bool = False,
+    ) -> None:
         try:
-            with self._ckpts.begin(step, metadata=metadata, retain=self._retain) as commit:
+            with self._ckpts.begin(
+                step, metadata=metadata, retain=self._retain, replace_unusable=replace_unusable
+            ) as commit:
                 job(commit.path)
         except BaseException as exc:
             exc.add_note(f"atomic_ckpt: raised by the background commit of step {step}")

@@ -25,8 +25,10 @@
   Saves, deletes and ``last`` links run in the order Lightning asked for them, on one
   background thread, so a delete or a link made after a save waits until that save is
   durable, and an older save never overwrites a newer one. An error in the background is
-  raised by the next call (and nothing queued behind the failed operation runs: no delete
-  goes ahead on behalf of a save that failed); ``teardown`` (the end of ``fit``) waits.
+  logged at ERROR as it happens (by the rank it happened on) and raised by the next call
+  (and nothing queued behind the failed operation runs: no delete goes ahead on behalf of
+  a save that failed); ``teardown`` (the end of ``fit``) waits and raises it, so ``fit``
+  never ends as if a failed save had been written.
   Lightning's own ``AsyncCheckpointIO`` wrapped around a plain ``AtomicCheckpointIO``
   cannot give this order: it queues saves but runs deletes on the caller's thread, so the
   previous best file is deleted before the new one exists. :class:`AtomicModelCheckpoint`

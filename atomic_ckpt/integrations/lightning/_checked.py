@@ -118,13 +118,16 @@ def _recorded(view: memoryview, path: str) -> tuple[str, str, int]:
 
 
 @contextlib.contextmanager
-def verified(path: str | os.PathLike[str]) -> Iterator[memoryview]:
+def verified(path: str | os.PathLike[str], *, fd: int | None = None) -> Iterator[memoryview]:
     """Check ``path`` against the checksum it carries, then yield the mapping it was hashed
     through for the block: load from it, never by reopening the path (a verified load
     reads only the bytes it verified). VerificationError naming the file if it does not
-    match, carries no checksum, or its record is damaged."""
+    match, carries no checksum, or its record is damaged. ``fd``: the file checked is
+    that open descriptor of ``path`` (left open: a loader can open the same file again
+    as ``/proc/self/fd/<fd>``)."""
     text = os.fspath(path)
-    view, _ = map_file(text, None)  # mapped, not hashed yet: the comment is left out
+    # Mapped, not hashed yet: the comment is left out.
+    view, _ = map_file(text, None) if fd is None else map_file(text, None, fd=fd)
     try:
         algorithm, expected, body = _recorded(view, text)
         try:

@@ -299,6 +299,17 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         except BaseException as exc:
             with self._state:
                 self._error = exc
+            # Now, on the rank it failed on (every rank logs its own failure): the error
+            # itself is raised on the training thread by the next save, load or link, or
+            # by teardown (the end of fit), so that fit never ends as if it had saved.
+            log.error(
+                "background checkpoint %s failed on rank %d: %r; it will be raised by the "
+                "next save or at teardown, and nothing queued after it runs",
+                what,
+                _rank(),
+                exc,
+                exc_info=exc,
+            )
 
     def _raise_pending(self) -> None:
         with self._state:
@@ -415,6 +426,14 @@ def _uses(trainer: Any, io: Any) -> bool:
             return True
         current = getattr(current, "checkpoint_io", None)
     return False
+
+
+def _rank() -> int:
+    """This process's global rank (0 without torch.distributed)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
 
 
 def _local(path: Any) -> str:

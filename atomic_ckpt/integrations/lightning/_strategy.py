@@ -63,8 +63,11 @@ class _AtomicShardedSave(_StrategyBase):
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
         """The strategy's load (which reads files itself, never through the
         ``CheckpointIO``); with the IO's ``verify_on_load``, a full-state file is first
-        checked against its checksum and loaded from the pages hashed, and a checkpoint
-        directory is refused: its shards are committed without checksums."""
+        checked against its checksum, and the strategy then loads the very file hashed:
+        it is handed ``/proc/self/fd/<n>`` of the descriptor the check opened, never the
+        name (which may name another file by now), so its reads are served from the pages
+        hashed. A checkpoint directory is refused: its shards are committed without
+        checksums; so is a verified load where ``/proc/self/fd`` does not exist."""
         if not getattr(self.checkpoint_io, "verify_on_load", False):
             return super().load_checkpoint(checkpoint_path, *args, **kwargs)
         path = _local(self.broadcast(os.fspath(checkpoint_path)))  # the one every rank loads
@@ -74,8 +77,26 @@ class _AtomicShardedSave(_StrategyBase):
                 "its shards are committed without checksums. Load it with "
                 "verify_on_load=False (the commit still makes it atomic and durable)"
             )
-        with _checked.verified(path):  # every rank checks the file it loads
-            return super().load_checkpoint(path, *args, **kwargs)
+        if not os.path.isdir("/proc/self/fd"):
+            raise ValueError(
+                f"verify_on_load=True cannot load {path} through {type(self).__name__} here: "
+                "the strategy reads the file by a path, and without /proc/self/fd no path "
+                "is known to lead to the bytes verified. Load it with verify_on_load=False"
+            )
+        path = os.path.realpath(path)  # a link the user made (last.ckpt): its target
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            # Every rank checks the file it loads, through the descriptor it then loads.
+            with _checked.verified(path, fd=fd):
+                # The path was broadcast above; each rank's descriptor is its own, so the
+                # strategy's own broadcast of the path is skipped for this call.
+                self.broadcast = _as_is  # type: ignore[method-assign]
+                try:
+                    return super().load_checkpoint(f"/proc/self/fd/{fd}", *args, **kwargs)
+                finally:
+                    del self.broadcast
+        finally:
+            os.close(fd)
 
     def teardown(self) -> None:
         super().teardown()
@@ -83,3 +104,8 @@ class _AtomicShardedSave(_StrategyBase):
         # CheckpointIO's teardown never ran: deletes and links still queued were lost at
         # exit. Running it twice (other strategies do call it) is harmless.
         self.checkpoint_io.teardown()
+
+
+def _as_is(obj: Any, src: int = 0) -> Any:
+    """``Strategy.broadcast`` for a value every rank already holds: itself."""
+    return obj

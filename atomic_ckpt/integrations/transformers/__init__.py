@@ -69,7 +69,7 @@ from atomic_ckpt._core.l1_names import public as _public
 from atomic_ckpt.integrations.transformers import _compat, _hub, _resume
 from atomic_ckpt.integrations.transformers._compat import check_transformers
 from atomic_ckpt.integrations.transformers._mixin import AtomicCheckpointMixin, AtomicTrainer
-from atomic_ckpt.integrations.transformers._resume import last_checkpoint
+from atomic_ckpt.integrations.transformers._verified import last_checkpoint
 
 __all__ = [
     "CHECKPOINT_PREFIX",

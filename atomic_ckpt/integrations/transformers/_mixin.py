@@ -15,25 +15,27 @@ from transformers.trainer_utils import TrainOutput
 
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, atomic_write, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
-from atomic_ckpt.distributed import resume_verified
 from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
     _final_save,
     _means_latest,
 )
-from atomic_ckpt.integrations.transformers._hub import _hub_uploads
+from atomic_ckpt.integrations.transformers._hub import _hub_uploads, _Uploading
 from atomic_ckpt.integrations.transformers._resume import (
     CHECKPOINT_PREFIX,
     _barrier,
     _checkpoints,
     _clean,
-    _distributed,
-    _loaded_by,
     _rank,
     _read_with,
-    last_checkpoint,
 )
 from atomic_ckpt.integrations.transformers._save import _commit
+from atomic_ckpt.integrations.transformers._verified import (
+    _VerifiedPath,
+    last_checkpoint,
+    verified_latest,
+    verified_path,
+)
 
 log = logging.getLogger(__package__ or __name__)
 
@@ -68,9 +70,12 @@ class AtomicCheckpointMixin(_Base):
     pages, and one the kernel evicts in between is read again. The mappings of each group
     are released as soon as the load that reads it returns (``_load_from_checkpoint``,
     ``_load_optimizer_and_scheduler``, ``_load_rng_state``: the first step), the rest when
-    ``train`` returns. Not covered: a path passed as ``resume_from_checkpoint`` (it is not
-    verified) and :func:`last_checkpoint` (it returns a path: the files are read again by
-    Trainer, from storage unless still cached). With several ranks
+    ``train`` returns. The same holds for a path taken from
+    ``last_checkpoint(verify=True)`` (verified there; its string carries the mappings,
+    which ``train`` takes over, verifying nothing again) and, with
+    ``verify_on_resume=True``, for a ``checkpoint-N`` path passed as
+    ``resume_from_checkpoint``: it is verified first (a VerificationError if it does not
+    verify: a path the caller chose is never swapped for an older one). With several ranks
     (``atomic_ckpt.distributed.resume_verified``), each rank hashes and holds the files it
     loads (the shared ones and its own ``rng_state_<r>.pth``), and rank 0 also the rest;
     rank 0 chooses for every rank.
@@ -98,6 +103,8 @@ class AtomicCheckpointMixin(_Base):
         self._atomic_in_train = False
         self._atomic_views: dict[str, memoryview] = {}
         self._atomic_saving = False  # inside _save_checkpoint: save_model writes a commit
+        self._atomic_uploading = _Uploading()  # Hub uploads still reading a checkpoint
+        self._atomic_deferred = False  # a rotation kept one for an upload: rotate again
         world = self.args.world_size
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if self.args.save_on_each_node and per_node < world:
@@ -132,6 +139,12 @@ class AtomicCheckpointMixin(_Base):
             resume_from_checkpoint = True
         elif self.args.output_dir is not None and _rank() == 0:
             _clean_if_present(self.args.output_dir)
+        if isinstance(resume_from_checkpoint, _VerifiedPath):  # last_checkpoint(verify=True)
+            self._atomic_views = resume_from_checkpoint.take()
+        elif self._atomic_verify and isinstance(resume_from_checkpoint, str | os.PathLike):
+            found_path = verified_path(resume_from_checkpoint)  # read once, as below
+            self._atomic_views = found_path.take()
+            resume_from_checkpoint = str(found_path)
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             if self.args.output_dir is None:
                 raise ValueError("resume_from_checkpoint=True needs args.output_dir")
@@ -159,6 +172,8 @@ class AtomicCheckpointMixin(_Base):
             self._atomic_views = {}  # whatever no load released (no RNG file, say)
             self.args.save_total_limit = self._atomic_limit
             self._atomic_in_train = False
+        if self._atomic_deferred and _rank() == 0:  # Trainer waited for its uploads
+            self._rotate(self.checkpoint_dir(trial))
         self._keep_only_best(trial)
         return output
 
@@ -250,7 +265,7 @@ class AtomicCheckpointMixin(_Base):
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """``Trainer._push_from_checkpoint``, leaving :data:`HUB_IGNORE_PATTERNS` out."""
-        with _hub_uploads():
+        with _hub_uploads(self._atomic_uploading):
             super()._push_from_checkpoint(checkpoint_folder)
 
     def push_to_hub(
@@ -300,16 +315,11 @@ class AtomicCheckpointMixin(_Base):
         ckpts = _checkpoints(output_dir)
         if _rank() == 0:
             _clean(ckpts)
-        # Which files to keep mapped: those of the newest checkpoint this rank loads (the
-        # one verified, unless it fails and an older one, saved by the same Trainer, is
-        # taken); every rank lists the root for that, but rank 0 alone chooses.
-        newest = ckpts.latest()
-        names = [] if newest is None else _loaded_by(newest, _rank(), _distributed())
-        found = resume_verified(ckpts, names)  # one process: ckpts.resume_verified(names)
+        found = verified_latest(ckpts)
         if found is None:
             return None
-        self._atomic_views = dict(found.files)
-        return str(found.checkpoint.path)
+        self._atomic_views = found.take()
+        return str(found)
 
     def _release(self, *groups: str) -> None:
         """Drop the mappings of the files read by the loads named in ``groups`` (unmapped
@@ -357,7 +367,22 @@ class AtomicCheckpointMixin(_Base):
         keep_last = limit
         if best is not None and best not in steps[-limit:]:
             keep_last = max(1, limit - 1)  # the best counts toward the limit, as in Trainer
-        ckpts.retain(keep_last=keep_last)
+        uploading = self._atomic_uploading.steps(ckpts)
+        self._atomic_deferred = False
+        if not uploading:
+            ckpts.retain(keep_last=keep_last)
+            return
+        # retain()'s plan, less what a background Hub upload still reads: kept until it
+        # ends (the next rotation, or the end of train(), deletes it).
+        keep = {*steps[-keep_last:], *([] if best is None else [best])}
+        for step in steps:
+            if step in keep:
+                continue
+            if step in uploading:
+                log.info("keeping %s while its Hub upload runs", ckpts.path_of(step))
+                self._atomic_deferred = True
+                continue
+            ckpts.delete(step, missing_ok=True)
 
     def _keep_only_best(self, trial: Any) -> None:
         """Trainer's end of training with ``save_total_limit=1``: only the best one stays."""

@@ -9,7 +9,6 @@ import torch.distributed as dist
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from atomic_ckpt import Checkpoint, CheckpointDir
-from atomic_ckpt.distributed import resume
 
 log = logging.getLogger(__package__ or __name__)
 
@@ -61,32 +60,6 @@ def _barrier() -> None:
 
 def _checkpoints(output_dir: str | os.PathLike[str], *, durable: bool = True) -> CheckpointDir:
     return CheckpointDir(output_dir, prefix=CHECKPOINT_PREFIX, durable=durable)
-
-
-def last_checkpoint(
-    output_dir: str | os.PathLike[str], *, verify: bool = False, clean: bool = False
-) -> str | None:
-    """The newest *complete* ``checkpoint-N`` of ``output_dir`` (a path, as
-    ``get_last_checkpoint`` returns), or None: what to pass as ``resume_from_checkpoint``.
-
-    ``verify``: the newest whose files match its manifest. ``clean``: first remove what
-    killed saves left (never a live save). When torch.distributed is initialized it is
-    collective, like :func:`atomic_ckpt.distributed.resume`: call it on every rank; rank 0
-    chooses and every rank gets its choice. A directory of ``checkpoint-N`` written
-    before atomic_ckpt and no complete checkpoint raises
-    :class:`~atomic_ckpt.UnmarkedCheckpointsError` (adopt them with ``atomic-ckpt
-    mark-complete``).
-    """
-    ckpts = _checkpoints(output_dir)
-    if _distributed():
-        if clean and dist.get_rank() == 0:
-            _clean(ckpts)
-        found = resume(ckpts, verify=verify)
-    else:
-        if clean:
-            _clean(ckpts)
-        found = ckpts.resume_point(verify=verify)
-    return None if found is None else str(found.path)
 
 
 def _clean(ckpts: CheckpointDir) -> None:

@@ -211,7 +211,8 @@ def test_the_sharded_strategies_verify_files_and_refuse_directories(tmp_path: Pa
     flip(path, 100)
     with pytest.raises(VerificationError, match=str(path)):
         strategy.load_checkpoint(path)
-    assert strategy.loaded == [str(path)]  # the damaged file was never loaded
+    assert len(strategy.loaded) == 1  # the damaged file was never loaded
+    assert strategy.loaded[0].startswith("/proc/self/fd/")  # the file verified, not a name
     sharded = tmp_path / "epoch=0.ckpt"
     sharded.mkdir()
     with pytest.raises(ValueError, match="sharded checkpoint directory"):
@@ -249,3 +250,41 @@ def test_a_verified_load_returns_the_bytes_it_hashed_even_if_the_file_is_replace
     assert fired == [True]
     assert torch.equal(loaded["w"], weights)
     assert not torch.equal(torch.load(path, weights_only=True)["w"], weights)  # damaged now
+
+
+def test_a_sharded_strategy_loads_the_file_it_verified_even_if_the_name_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 item 7: right after the checksum matched, the file is replaced by a copy with
+    one bit flipped. The strategy (which reads by the path it is given) still loads the
+    verified tensor: it was handed the descriptor the check opened, not the name; the
+    strategy's own broadcast is skipped for that call (each rank's descriptor is its own)
+    and is back afterwards."""
+    io = AtomicCheckpointIO(verify_on_load=True)
+    path = tmp_path / "epoch=0.ckpt"
+    weights = torch.arange(1 << 12, dtype=torch.float32)
+    io.save_checkpoint({"w": weights}, path)
+    at = path.read_bytes().index(weights.numpy().tobytes()) + 1000
+    real = _checked.verified
+    fired = []
+
+    @contextlib.contextmanager
+    def then_replace(target: Any, **kwargs: Any) -> Iterator[Any]:
+        with real(target, **kwargs) as view:
+            copy = tmp_path / "damaged.ckpt"
+            shutil.copyfile(path, copy)
+            flip(copy, at)
+            os.replace(copy, path)  # a new inode under the name, after the hash
+            fired.append(kwargs)
+            yield view
+
+    monkeypatch.setattr(_checked, "verified", then_replace)
+    strategy = _Sharded(io)
+    loaded = strategy.load_checkpoint(path)
+    assert fired, "the replacement did not run after the check"
+    assert "fd" in fired[0]
+    assert torch.equal(loaded["w"], weights)
+    assert not torch.equal(torch.load(path, weights_only=True)["w"], weights)  # damaged now
+    assert "broadcast" not in vars(strategy)  # the class's own again
+    with pytest.raises(VerificationError, match="checksum"):  # the damage is caught next
+        strategy.load_checkpoint(path)

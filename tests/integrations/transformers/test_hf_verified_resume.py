@@ -198,3 +198,134 @@ def test_on_two_ranks_each_rank_holds_what_it_loads_and_a_bad_shard_sends_both_b
         assert Path(chosen).name == "checkpoint-2"
     assert "rank 1" in run.logs[0]
     assert "rng_state_1.pth" in run.logs[0]
+
+
+# ------------------------------------------------ issue 30 item 23: a path, read once too
+
+
+class ReadCounter:
+    """Counts, per checkpoint file, the verification's reads of it: mapped (and kept) or
+    hashed (and dropped)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from atomic_ckpt._core.l3_formats import verify as _verify
+
+        self.mapped: dict[str, int] = {}
+        self.hashed: dict[str, int] = {}
+        real_map, real_hash = _verify.map_file, _verify.checksum_file
+
+        def map_file(path: str, *args: Any, **kwargs: Any) -> Any:
+            name = Path(path).name
+            self.mapped[name] = self.mapped.get(name, 0) + 1
+            return real_map(path, *args, **kwargs)
+
+        def checksum_file(path: str, *args: Any, **kwargs: Any) -> Any:
+            name = Path(path).name
+            self.hashed[name] = self.hashed.get(name, 0) + 1
+            return real_hash(path, *args, **kwargs)
+
+        monkeypatch.setattr(_verify, "map_file", map_file)
+        monkeypatch.setattr(_verify, "checksum_file", checksum_file)
+
+    def reads(self) -> dict[str, int]:
+        names = set(self.mapped) | set(self.hashed)
+        return {n: self.mapped.get(n, 0) + self.hashed.get(n, 0) for n in names}
+
+
+def _checkpoint_files(out: Path, step: int) -> set[str]:
+    ckpt = CheckpointDir(out, prefix="checkpoint-").get(step)
+    return {e.path for e in ckpt.manifest.files if e.type == "file"}
+
+
+def test_a_path_from_last_checkpoint_verify_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """last_checkpoint(verify=True), then train(resume_from_checkpoint=that path): every file
+    of the checkpoint is read once by the verification, mapped, and Trainer's loads run
+    while those mappings are held (served from the pages hashed); nothing is verified
+    again, and the string is a plain path to other code."""
+    from atomic_ckpt.integrations.transformers import last_checkpoint
+
+    out = tmp_path / "out"
+    make_trainer(out, verify=False, max_steps=4, save_steps=4).train()
+    counter = ReadCounter(monkeypatch)
+    path = last_checkpoint(out, verify=True)
+    assert path == str(out / "checkpoint-4")
+    assert os.fspath(path) == path
+    files = _checkpoint_files(out, 4)
+    assert counter.reads() == dict.fromkeys(files, 1)
+    assert counter.hashed == {}  # mapped and kept, never hashed and dropped
+    trainer = make_trainer(out, verify=False, max_steps=5, save_steps=4)
+    trainer.train(resume_from_checkpoint=path)
+    assert trainer.state.global_step == 5
+    assert counter.reads() == dict.fromkeys(files, 1)  # train() verified nothing again
+    assert {"model.safetensors", "optimizer.pt"} <= trainer.held["model"]
+    assert "optimizer.pt" in trainer.held["optimizer"]
+    assert {"rng_state.pth", "trainer_state.json"} <= trainer.held["rng"]
+    assert trainer._atomic_views == {}
+
+
+def test_a_path_passed_with_verify_on_resume_is_verified_and_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify_on_resume=True and resume_from_checkpoint=<checkpoint-2>: that checkpoint (not
+    the newest) is verified, each file read once, and loaded from the pages hashed."""
+    out = tmp_path / "out"
+    make_trainer(out, verify=False, max_steps=4, save_steps=2).train()
+    counter = ReadCounter(monkeypatch)
+    trainer = make_trainer(out, verify=True, max_steps=5, save_steps=10)
+    trainer.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert trainer.state.global_step == 5
+    assert counter.reads() == dict.fromkeys(_checkpoint_files(out, 2), 1)
+    assert {"model.safetensors", "optimizer.pt"} <= trainer.held["model"]
+    assert {"rng_state.pth", "trainer_state.json"} <= trainer.held["rng"]
+
+
+def test_a_damaged_path_passed_with_verify_on_resume_is_refused(tmp_path: Path) -> None:
+    """A path the caller chose that does not verify raises VerificationError naming the file
+    (never swapped for another checkpoint); a directory that is not checkpoint-N is a
+    ValueError saying how to go on."""
+    from atomic_ckpt import VerificationError
+
+    out = tmp_path / "out"
+    make_trainer(out, verify=False, max_steps=4, save_steps=2).train()
+    damaged = out / "checkpoint-4" / "optimizer.pt"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    trainer = make_trainer(out, verify=True, max_steps=5, save_steps=10)
+    with pytest.raises(VerificationError, match=r"optimizer\.pt"):
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert trainer.held == {}  # nothing was loaded
+    other = tmp_path / "elsewhere"
+    shutil.copytree(out / "checkpoint-2", other)
+    with pytest.raises(ValueError, match="not a checkpoint-N directory"):
+        trainer.train(resume_from_checkpoint=str(other))
+
+
+def test_a_path_from_last_checkpoint_verify_comes_from_storage_once(tmp_path: Path) -> None:
+    """From a cold cache, last_checkpoint(verify=True) and a resume from the path it returns
+    read about the checkpoint's size from storage (a verify, then loads by path after the
+    pages went, would read it twice)."""
+    from atomic_ckpt.integrations.transformers import last_checkpoint
+
+    if not Path("/proc/self/io").exists():
+        pytest.skip("needs /proc/self/io (Linux)")
+    out = tmp_path / "out"
+    make_trainer(out, width=256, verify=False, max_steps=4, save_steps=4).train()
+    warm = tmp_path / "warm"  # a first resume, so that what it imports is not counted
+    shutil.copytree(out, warm)
+    make_trainer(warm, width=256, verify=False, max_steps=5, save_steps=4).train(
+        resume_from_checkpoint=last_checkpoint(warm, verify=True)
+    )
+    ckpt = CheckpointDir(out, prefix="checkpoint-").get(4)
+    total = sum(e.size for e in ckpt.manifest.files if e.type == "file")
+    trainer = make_trainer(out, width=256, verify=False, max_steps=5, save_steps=4)
+    os.sync()
+    evict(ckpt.path)
+    before = storage_bytes()
+    trainer.train(resume_from_checkpoint=last_checkpoint(out, verify=True))
+    read = storage_bytes() - before
+    if read == 0:  # a filesystem without storage (tmpfs): nothing to count
+        pytest.skip(f"{tmp_path} reads nothing from storage")
+    assert 0.9 * total <= read <= 1.1 * total, (read, total)
