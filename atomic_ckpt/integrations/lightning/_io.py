@@ -1,10 +1,8 @@
 """The ``CheckpointIO`` plugin of :mod:`atomic_ckpt.integrations.lightning`: atomic, durable
 ``.ckpt`` saves that carry their checksum, verified loads, durable deletes, atomic ``last``
 links, and the ordered background thread of ``async_save=True``; also :func:`_local`, the
-local-path check the sharded strategies share.
-
-Imported by the public module after its check that torch and Lightning are installed.
-"""
+local-path check the sharded strategies share. Imported by the public module after its
+check that torch and Lightning are installed."""
 
 from __future__ import annotations
 
