@@ -80,6 +80,12 @@ _row("hf", "HF `Trainer` (`save_steps`, `resume_from_checkpoint=True`)", "`Atomi
 _row("lightning", 'Lightning `ModelCheckpoint` + `ckpt_path="last"`',
      "`AtomicCheckpointIO` (+ async)", "lightning_plain", "lightning_atomic",
      "sync", "async")  # fmt: skip
+_row("hf_final", "HF `Trainer`: a script's final `save_model()` + `save_state()`, "
+     "loaded with `from_pretrained`", "`AtomicTrainer`", "hf_final_plain",
+     "hf_final_atomic")  # fmt: skip
+_row("lightning_final", "Lightning `trainer.save_checkpoint(path)` by hand, loaded with "
+     "`load_from_checkpoint`", "`AtomicCheckpointIO` (+ async)", "lightning_final_plain",
+     "lightning_final_atomic", "sync", "async")  # fmt: skip
 _row("dcp", "torch DCP `FileSystemWriter`", "`AtomicWriter` (sync + async)", "dcp_plain",
      "dcp_atomic", "sync", "async")  # fmt: skip
 _row("dedup", "write only what changed: carry + dedup into `N/`, then delete the source",

@@ -38,6 +38,12 @@ FINAL = {
     ("dcp_plain", ""): "VIOLATION cannot load ckpt/2/",
     ("dcp_atomic", ""): "loaded save 2 from ckpt/1/",
     ("dcp_atomic", "--async"): "loaded save 2 from ckpt/1/",
+    # The final saves (a script's save_model + save_state; trainer.save_checkpoint by hand).
+    ("hf_final_plain", ""): "loaded save 2 from ckpt/",
+    ("hf_final_atomic", ""): "loaded save 2 from ckpt/",
+    ("lightning_final_plain", ""): "loaded save 2 from final.ckpt",
+    ("lightning_final_atomic", ""): "loaded save 2 from final.ckpt",
+    ("lightning_final_atomic", "--async"): "loaded save 2 from final.ckpt",
 }
 
 

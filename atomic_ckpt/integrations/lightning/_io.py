@@ -123,24 +123,32 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Write ``checkpoint`` to ``path`` atomically and durably (queued if async)."""
+        """Write ``checkpoint`` to ``path`` atomically and durably.
+
+        With ``async_save=True`` a save asked for by a checkpoint callback (``ModelCheckpoint``
+        and its subclasses) is queued; any other (``trainer.save_checkpoint(path)`` called by
+        a script or a hook, this method called directly) first waits for what is queued and
+        is then written on the caller's thread: the file is whole and durable when it
+        returns."""
         if storage_options is not None:
             raise TypeError(
                 f"{type(self).__name__}.save_checkpoint takes no storage_options "
                 f"(got {storage_options!r})"
             )
         target = _local(path)
-        if self.async_save:
+        queued = self._queues()
+        if queued:
             self._refuse_unordered_links()
             # Copy the tensors now, on the caller's thread: training goes on changing them.
             checkpoint = apply_to_collection(checkpoint, torch.Tensor, _snapshot)
-        self._run(self._save_now, checkpoint, target, what=f"save {target}")
+        self._run(self._save_now, checkpoint, target, what=f"save {target}", queued=queued)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete ``path`` (a file, or a sharded checkpoint's directory) durably, after every
-        save queued before it (missing is fine)."""
+        save queued before it (missing is fine); queued only for a checkpoint callback, as
+        :meth:`save_checkpoint` is."""
         target = _local(path)
-        self._run(self._remove_now, target, what=f"remove {target}")
+        self._run(self._remove_now, target, what=f"remove {target}", queued=self._queues())
 
     def load_checkpoint(
         self,
@@ -186,10 +194,12 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         """Point the symlink ``linkpath`` at ``filepath`` atomically, after every queued save.
 
         The link is relative (it survives moving the directory). The target must exist
-        when the link is made: a link never dangles.
+        when the link is made: a link never dangles. Queued only for a checkpoint callback,
+        as :meth:`save_checkpoint` is.
         """
         target, link = _local(filepath), _local(linkpath)
-        self._run(self._link_now, target, link, what=f"link {link} -> {target}")
+        what = f"link {link} -> {target}"
+        self._run(self._link_now, target, link, what=what, queued=self._queues())
 
     def wait(self) -> None:
         """Block until every queued operation is done (durable); raise a background error."""
@@ -275,9 +285,17 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         relative = os.path.relpath(filepath, os.path.dirname(os.path.abspath(linkpath)))
         _replace_link(relative, linkpath, durable=self.durable)
 
-    def _run(self, job: Callable[..., None], *args: Any, what: str) -> None:
+    def _queues(self) -> bool:
+        """Whether the operation being asked for goes to the background thread: with
+        ``async_save=True``, when a checkpoint callback asked for it (a ``Checkpoint`` of
+        Lightning among the callers: ``ModelCheckpoint`` saving, deleting or linking). Any
+        other caller gets it done, durably, before the call returns."""
+        return self.async_save and _from_checkpoint_callback()
+
+    def _run(self, job: Callable[..., None], *args: Any, what: str, queued: bool) -> None:
         self._raise_pending()
-        if not self.async_save:
+        if not queued:
+            self.wait()  # in order: after everything queued before it
             job(*args)
             return
         if self._executor is None:
@@ -345,7 +363,15 @@ def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
             _copy_instead(target, path, exc, durable=durable)
         return
     tmp = path.parent / temp_name(path.name)
-    _fs.symlink(target, tmp)
+    try:
+        _fs.symlink(target, tmp)
+    except OSError as exc:
+        if not _symlinks_refused(exc, path.parent):
+            raise
+        if not (path.parent / target).is_dir():  # (a directory is refused by the copy)
+            remove_directory(path, durable=durable)  # then the copy, as the stock callback does
+        _copy_instead(target, path, exc, durable=durable)
+        return
     try:
         _fs.rename_exchange(tmp, path)
     except OSError as exc:
@@ -358,9 +384,11 @@ def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
     remove_directory(tmp, durable=durable)  # the old directory; the parent fsynced too
 
 
-_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, None})
 """What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
-mounts): EPERM, EOPNOTSUPP (also ENOTSUP), ENOSYS, EINVAL."""
+mounts): EPERM, EOPNOTSUPP (also ENOTSUP), ENOSYS, EINVAL; and an OSError that names no
+errno at all (what Lightning's own tests raise for Windows without the symlink privilege),
+on which the stock callback copies too."""
 
 _warned_copy: set[Path] = set()
 
@@ -389,7 +417,7 @@ def _copy_instead(target: str, path: Path, exc: OSError, *, durable: bool) -> No
             "%s refuses symlinks (%s): %s is written as a copy of %s instead (atomically), "
             "as Lightning's ModelCheckpoint does",
             path.parent,
-            os.strerror(cause.errno or 0),
+            os.strerror(cause.errno) if cause.errno else repr(cause),
             path.name,
             target,
         )
@@ -411,6 +439,24 @@ def _calling_trainer(io: Any) -> Any | None:
                 return candidate
         frame = frame.f_back
     return None
+
+
+def _from_checkpoint_callback() -> bool:
+    """Whether a Lightning checkpoint callback (an instance of ``Checkpoint``, of
+    ``lightning`` or ``pytorch_lightning``: ``ModelCheckpoint`` and its subclasses) is among
+    the callers of the plugin's method that asks (up to :data:`_CALLER_DEPTH` frames)."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_CALLER_DEPTH):
+        if frame is None:
+            return False
+        owner = frame.f_locals.get("self")
+        if owner is not None and any(
+            c.__name__ == "Checkpoint" and c.__module__.endswith("callbacks.checkpoint")
+            for c in type(owner).__mro__
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _uses(trainer: Any, io: Any) -> bool:

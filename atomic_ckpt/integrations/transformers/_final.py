@@ -4,9 +4,11 @@ and what starting ``train`` does first: the resume keyword, the cleanup of kille
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -48,6 +50,31 @@ def _final_save(output_dir: str, *, durable: bool) -> Iterator[str]:
     finally:
         if handle is not None:
             handle.abort(failed)
+
+
+def _save_metrics(
+    output_dir: str, split: str, metrics: dict[str, Any], *, combined: bool, durable: bool
+) -> None:
+    """``Trainer.save_metrics``'s files, each replaced atomically and durably:
+    ``<split>_results.json``, and (``combined``) ``all_results.json`` updated with
+    ``metrics``. A torn ``all_results.json`` would make the next call fail to read it."""
+    _write_json(os.path.join(output_dir, f"{split}_results.json"), metrics, durable=durable)
+    if combined:
+        path = os.path.join(output_dir, "all_results.json")
+        every: dict[str, Any] = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                every = json.load(f)
+        every.update(metrics)
+        _write_json(path, every, durable=durable)
+
+
+def _write_json(path: str, obj: dict[str, Any], *, durable: bool) -> None:
+    with (
+        atomic_write(path, durable=durable, parents=True) as tmp,
+        open(tmp, "w", encoding="utf-8") as f,
+    ):
+        json.dump(obj, f, indent=4, sort_keys=True)
 
 
 def _move_into(staging: Path, output_dir: Path, *, durable: bool) -> None:

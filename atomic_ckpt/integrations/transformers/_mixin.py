@@ -19,6 +19,7 @@ from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
     _final_save,
     _means_latest,
+    _save_metrics,
 )
 from atomic_ckpt.integrations.transformers._hub import _hub_uploads, _Uploading
 from atomic_ckpt.integrations.transformers._resume import (
@@ -262,6 +263,17 @@ class AtomicCheckpointMixin(_Base):
         path = os.path.join(self.args.output_dir, TRAINER_STATE_NAME)
         with atomic_write(path, durable=self._atomic_durable, parents=True) as tmp:
             self.state.save_to_json(str(tmp))
+
+    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
+        """``Trainer.save_metrics``: ``<split>_results.json`` and ``all_results.json`` each
+        replaced atomically and durably."""
+        if not self.is_world_process_zero():
+            return
+        if self.args.output_dir is None:
+            raise ValueError("save_metrics needs args.output_dir")
+        _save_metrics(
+            self.args.output_dir, split, metrics, combined=combined, durable=self._atomic_durable
+        )
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """``Trainer._push_from_checkpoint``, leaving :data:`HUB_IGNORE_PATTERNS` out."""

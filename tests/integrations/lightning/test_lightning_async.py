@@ -9,7 +9,6 @@ import os
 import pickle
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ pytest.importorskip("lightning", reason="needs the [lightning] extra")
 pytest.importorskip("pytorch_lightning", reason="needs pytorch-lightning (the test extra)")
 
 import torch
+from slow_io import Caller, SlowWriter
 from tiny import tiny_model
 
 import atomic_ckpt.integrations.lightning as integration
@@ -55,25 +55,6 @@ def fit(pl: Any, root: Path, plugins: list[Any], callbacks: list[Any], steps: in
 
 def top_k_files(ckpt_dir: Path) -> list[str]:
     return sorted(n for n in os.listdir(ckpt_dir) if n.endswith(".ckpt") and n != "last.ckpt")
-
-
-class SlowWriter:
-    """``torch.save`` off the main thread waits until :attr:`gate` opens (a slow disk)."""
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.held = 0
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        real = torch.save
-
-        def save(*args: Any, **kwargs: Any) -> None:
-            if threading.current_thread() is not threading.main_thread():
-                self.held += 1
-                assert self.gate.wait(30), "the gate never opened"
-            real(*args, **kwargs)
-
-        monkeypatch.setattr(torch, "save", save)
 
 
 @pytest.fixture
@@ -193,8 +174,9 @@ def test_lightning_async_wrapper_is_refused(tmp_path: Path) -> None:
 
 @pytest.fixture
 def aio(slow: SlowWriter) -> Iterator[Any]:
+    """An ``AtomicCheckpointIO(async_save=True)`` called as a checkpoint callback calls it."""
     io = classes_for("lightning").AtomicCheckpointIO(async_save=True)
-    yield io
+    yield Caller(io)
     slow.gate.set()
     io.teardown()
 

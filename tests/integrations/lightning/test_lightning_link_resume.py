@@ -63,3 +63,28 @@ def test_a_verified_load_through_a_users_link_verifies_its_target(tmp_path: Path
     target.write_bytes(bytes(data))
     with pytest.raises(VerificationError, match="checksum"):
         io.load_checkpoint(link)
+
+
+@pytest.mark.parametrize("start", ["fresh", "last", "explicit path"])
+def test_every_fit_start_removes_what_killed_saves_left_and_says_so(
+    tmp_path: Path, start: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The temporary file of a save killed mid-write (and of a killed ``last`` link) in the
+    checkpoint directory: removed when the next fit sets up, however it starts (a fresh
+    fit into the directory, ``ckpt_path="last"``, an explicit path), each logged."""
+    import logging
+
+    from atomic_ckpt import temp_name
+
+    root = tmp_path / "ckpts"
+    fit(root, AtomicCheckpointIO(), steps=2)
+    orphans = [root / temp_name("epoch=0-step=4.ckpt"), root / temp_name("last.ckpt")]
+    orphans[0].write_bytes(b"half a checkpoint")
+    os.symlink("epoch=0-step=2.ckpt", orphans[1])
+    ckpt_path = {"fresh": None, "last": "last", "explicit path": str(root / "last.ckpt")}[start]
+    with caplog.at_level(logging.INFO, logger="atomic_ckpt.integrations.lightning"):
+        trainer = fit(root, AtomicCheckpointIO(), steps=4, ckpt_path=ckpt_path)
+    assert trainer.global_step == 4
+    for orphan in orphans:
+        assert not os.path.lexists(orphan)
+        assert f"removed {orphan}, left by an interrupted save" in caplog.text

@@ -20,7 +20,7 @@ from transformers import HfArgumentParser, Trainer, TrainingArguments  # noqa: E
 
 import atomic_ckpt._core.l2_syscalls.fs as _fs  # noqa: E402
 from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir  # noqa: E402
-from atomic_ckpt.integrations.transformers import AtomicTrainer  # noqa: E402
+from atomic_ckpt.integrations.transformers import AtomicTrainer, last_checkpoint  # noqa: E402
 
 LOGGER = "atomic_ckpt.integrations.transformers"
 
@@ -91,21 +91,54 @@ def test_a_directory_named_like_the_keyword_is_taken_as_that_path(
     assert trainer.state.global_step == 3
 
 
-@pytest.mark.parametrize("start", ["explicit path", "fresh run"])
+STARTS = [
+    "explicit path",
+    "fresh run",
+    "last_checkpoint",
+    "automatic",
+    "automatic word",
+    "automatic verified",
+]
+
+
+@pytest.mark.parametrize("start", STARTS)
 def test_every_start_removes_what_killed_saves_left_and_says_so(
     tmp_path: Path, start: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A resume from an explicit path and a fresh run into an existing output_dir both
-    remove a killed save's staging dir and lock first (logged as a warning each); a live
-    save's staging dir is left alone."""
+    """Every way to start ``train``: a resume from an explicit path, a fresh run into an
+    existing output_dir, the path ``last_checkpoint(out)`` returns (without ``clean``),
+    ``resume_from_checkpoint=True``, ``"true"`` (an example script's command line), and
+    True with ``verify_on_resume``: each removes a killed save's staging dir and lock
+    first (logged as a warning each) and resumes where it was told to; a live save's
+    staging dir is left alone."""
     out = tmp_path / "out"
     make_trainer(out, max_steps=2, save_steps=2).train()
     leftovers = orphan_of_a_killed_save(out, 4)
     live = CheckpointDir(out, prefix="checkpoint-").begin(9)
     trainer = make_trainer(out, max_steps=3, save_steps=10)
-    resume = str(out / "checkpoint-2") if start == "explicit path" else None
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
+    resume: str | bool | None = {
+        "explicit path": str(out / "checkpoint-2"),
+        "fresh run": None,
+        "last_checkpoint": last_checkpoint(out),
+        "automatic": True,
+        "automatic word": "true",
+        "automatic verified": True,
+    }[start]
+    trainer._atomic_verify = start == "automatic verified"
+    loaded: list[str] = []
+    real_load = AtomicTrainer._load_from_checkpoint
+
+    def load(self: AtomicTrainer, checkpoint: str, model: Any = None) -> None:
+        loaded.append(checkpoint)
+        real_load(self, checkpoint, model)
+
+    with (
+        caplog.at_level(logging.WARNING, logger=LOGGER),
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        patch.setattr(AtomicTrainer, "_load_from_checkpoint", load)
         trainer.train(resume_from_checkpoint=resume)
+    assert loaded == ([] if start == "fresh run" else [str(out / "checkpoint-2")])
     for path in leftovers:
         assert not path.exists()
         assert f"removed {path}, left by a killed save" in caplog.text
@@ -183,3 +216,52 @@ def test_a_final_save_that_fails_leaves_the_previous_model_untouched(
     assert fired, "the failing save never ran"
     assert (out / "model.safetensors").read_bytes() == before
     assert not [n for n in os.listdir(out) if TMP_INFIX in n]
+
+
+def test_save_metrics_replaces_each_results_file_atomically_and_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_clm's ``save_metrics("train", ...)`` then ``save_metrics("eval", ...)``: the same
+    files as stock Trainer (``<split>_results.json``, ``all_results.json`` holding both), each
+    written aside, fsynced, renamed into place, the directory fsynced; nothing left aside."""
+    out = tmp_path / "out"
+    trainer = make_trainer(out, max_steps=1, save_steps=10)
+    out.mkdir(parents=True, exist_ok=True)
+    synced: list[str] = []
+    renamed: list[str] = []
+    real_file, real_dir, real_rename = _fs.fsync_file, _fs.fsync_dir, _fs.rename
+
+    def fsync_file(path: str | os.PathLike[str]) -> None:
+        synced.append(os.fspath(path))
+        real_file(path)
+
+    def fsync_dir(path: str | os.PathLike[str]) -> None:
+        synced.append(os.fspath(path))
+        real_dir(path)
+
+    def rename(src: Path, dst: Path) -> None:
+        assert os.fspath(src) in synced, f"{src} renamed before it was fsynced"
+        renamed.append(Path(dst).name)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(_fs, "fsync_file", fsync_file)
+    monkeypatch.setattr(_fs, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(_fs, "rename", rename)
+    trainer.save_metrics("train", {"train_loss": 1.5})
+    trainer.save_metrics("eval", {"eval_loss": 2.5})
+    assert renamed == [
+        "train_results.json",
+        "all_results.json",
+        "eval_results.json",
+        "all_results.json",
+    ]
+    assert synced.count(str(out)) >= 4  # after each rename
+    monkeypatch.undo()
+    stock = tmp_path / "stock"
+    stock.mkdir()
+    monkeypatch.setattr(trainer.args, "output_dir", str(stock))
+    Trainer.save_metrics(trainer, "train", {"train_loss": 1.5})
+    Trainer.save_metrics(trainer, "eval", {"eval_loss": 2.5})
+    for name in ("train_results.json", "eval_results.json", "all_results.json"):
+        assert (out / name).read_bytes() == (stock / name).read_bytes(), name
+    assert sorted(os.listdir(out)) == sorted(os.listdir(stock))
