@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from atomic_ckpt import clean_temporaries
-from atomic_ckpt.integrations.lightning._io import _AtomicCheckpointIO, _replace_link
+from atomic_ckpt.integrations.lightning._io import _AtomicCheckpointIO
+from atomic_ckpt.integrations.lightning._links import _replace_link
 
 if TYPE_CHECKING:
     # Typed against pytorch_lightning (it ships py.typed; the ``lightning`` package does not).
