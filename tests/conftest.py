@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,12 +47,79 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    _time_summary(terminalreporter)
+    _real_figures(terminalreporter)
+
+
+def _real_figures(tr: pytest.TerminalReporter) -> None:
     """The real-crash figures of an xdist run (a run in one process prints its own)."""
     if not _REAL_STATS and not _REAL_FACTS:
         return
-    tr = terminalreporter
     tr.section("atomic_ckpt real crash figures" + (" (soak)" if any(_REAL_SOAK) else ""))
     for key in sorted(_REAL_STATS):
         tr.write_line(f"{key}: {_REAL_STATS[key]}")
     for key in sorted(_REAL_FACTS):
         tr.write_line(f"{key}: {_REAL_FACTS[key]}")
+
+
+# Time per file and per worker (docs/contributing.md, the time budget): each test's wall
+# time (setup, call, teardown) and CPU time (its worker's and the children it waited for),
+# added up on the controller. The busiest worker's total is the run's critical path.
+_CPU_AT_START = pytest.StashKey[float]()
+_FILE_WALL: Counter[str] = Counter()
+_FILE_CPU: Counter[str] = Counter()
+_WORKER_WALL: Counter[str] = Counter()
+_IS_WORKER: list[bool] = []
+TIME_SUMMARY_FILES = 15
+
+
+def _cpu_seconds() -> float:
+    me, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _IS_WORKER.append(hasattr(config, "workerinput"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    item.stash[_CPU_AT_START] = _cpu_seconds()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[pytest.TestReport]:
+    report = yield
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        report.user_properties.append(("cpu_seconds", _cpu_seconds() - item.stash[_CPU_AT_START]))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if any(_IS_WORKER):
+        return  # the controller adds up (a run in one process is its own controller)
+    path = report.nodeid.split("::", 1)[0]
+    node = getattr(report, "node", None)
+    _FILE_WALL[path] += report.duration
+    _WORKER_WALL[node.gateway.id if node is not None else "this process"] += report.duration
+    _FILE_CPU[path] += sum(v for k, v in report.user_properties if k == "cpu_seconds")
+
+
+def _time_summary(tr: pytest.TerminalReporter) -> None:
+    if not _FILE_WALL:
+        return
+    tr.section("time per worker and per file (docs/contributing.md)")
+    busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_WORKER_WALL.items()))
+    tr.write_line(f"tests' wall time per worker: {busy} (the busiest is the critical path)")
+    tr.write_line(
+        f"all tests: {sum(_FILE_WALL.values()):.0f} s wall, {sum(_FILE_CPU.values()):.0f} s CPU"
+        f" ({len(_FILE_WALL)} files); the {TIME_SUMMARY_FILES} costliest files, wall / CPU:"
+    )
+    for path, wall in _FILE_WALL.most_common(TIME_SUMMARY_FILES):
+        tr.write_line(f"{wall:8.1f} s {_FILE_CPU[path]:8.1f} s  {path}")

@@ -7,6 +7,8 @@ which the fixtures call in a ``finally``: ``umount`` (retried, then ``umount
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import gc
 import os
@@ -26,6 +28,11 @@ LOOP_KINDS = ("ext4", "xfs", "btrfs")
 # Smallest comfortable images: mkfs.xfs refuses less than 300 MiB, mkfs.btrfs
 # about 114 MiB. They are sparse files, so they cost little real space.
 IMAGE_MB = {"ext4": 64, "xfs": 300, "btrfs": 128}
+IMAGES_TMPFS_MB = 2048
+"""The tmpfs the images lie on (its pages are used only as they are written). What is
+tested is the filesystem in the image, shut down without flushing to its loop device;
+the host is never crashed, so where the image lies changes nothing but the speed of the
+loop device's flushes (on the host's disk, each was an fsync of the image file there)."""
 MKFS = {
     "ext4": ["mkfs.ext4", "-q", "-F", "-m", "0"],
     "xfs": ["mkfs.xfs", "-q", "-f"],
@@ -100,6 +107,42 @@ def _run(cmd: list[str]) -> str:
     return proc.stdout.strip()
 
 
+def _holds_files_under(mnt: Path) -> bool:
+    """Whether this process has a file under ``mnt`` open or mapped (which keeps it busy).
+    A full garbage collection, which may close such files, takes a large process tenths of
+    a second: it runs only then."""
+    prefix = str(mnt)
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own descriptor)
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    with open("/proc/self/maps") as maps:
+        held += [line.split(maxsplit=5)[-1].strip() for line in maps]
+    return any(p == prefix or p.startswith(prefix + "/") for p in held)
+
+
+RELEASE_SECONDS = 120.0
+
+
+def _wait_released(device: str) -> None:
+    """Wait until no filesystem on ``device`` is mounted anywhere. An unmount here does
+    not end a filesystem that another mount namespace still holds (one made meanwhile by
+    any process on the machine copies every mount); mounting the device again would then
+    give back that filesystem as it was, shut down, not a recovered one."""
+    deadline = time.monotonic() + RELEASE_SECONDS
+    while True:
+        try:
+            os.close(os.open(device, os.O_RDONLY | os.O_EXCL))  # EBUSY while mounted
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise MountFailed(
+                    f"{device} is still in use {RELEASE_SECONDS:.0f} s after its unmount "
+                    "(mounted in another mount namespace?)"
+                ) from exc
+        time.sleep(0.1)
+
+
 @dataclass
 class Mount:
     """One mounted filesystem; ``path`` is where the tests put checkpoint roots."""
@@ -110,6 +153,7 @@ class Mount:
     """Innermost last; unmounted in reverse."""
     device: str | None = None
     options: str = ""
+    image: Path | None = None
 
 
 class Mounter:
@@ -120,6 +164,24 @@ class Mounter:
         self._mounts: list[Mount] = []
         self._devices: list[str] = []
         self._n = 0
+        self._images: Path | None = None
+        self._images_mounted = False
+
+    def _image_dir(self) -> Path:
+        """Where the loop images go: a tmpfs of this Mounter's (the base directory itself
+        if no tmpfs can be mounted)."""
+        if self._images is None:
+            images = self.base / "images"
+            images.mkdir()
+            size = f"size={IMAGES_TMPFS_MB}m"
+            proc = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", size, "tmpfs", str(images)],
+                capture_output=True,
+                check=False,
+            )
+            self._images_mounted = proc.returncode == 0
+            self._images = images
+        return self._images
 
     def _fresh(self, name: str) -> Path:
         self._n += 1
@@ -144,7 +206,7 @@ class Mounter:
 
     def _loop(self, kind: str, size_mb: int, options: str) -> Mount:
         work = self._fresh(kind)
-        image = work / f"{kind}.img"
+        image = self._image_dir() / f"{work.name}.img"
         with open(image, "wb") as f:
             f.truncate(size_mb << 20)
         _run([*MKFS[kind], str(image)])
@@ -152,7 +214,7 @@ class Mounter:
         self._devices.append(device)
         mnt = work / "mnt"
         mnt.mkdir()
-        m = Mount(kind, mnt, device=device, options=options)
+        m = Mount(kind, mnt, device=device, options=options, image=image)
         self._mounts.append(m)
         self.mount_again(m)
         return m
@@ -160,6 +222,7 @@ class Mounter:
     def mount_again(self, m: Mount) -> None:
         """Mount a loop filesystem (again, after :meth:`unmount`): journal recovery runs here."""
         assert m.device is not None
+        _wait_released(m.device)
         cmd = ["mount", "-t", m.kind]
         if m.options:
             cmd += ["-o", m.options]
@@ -184,13 +247,15 @@ class Mounter:
 
     def unmount(self, m: Mount) -> None:
         """Unmount ``m`` (innermost first); retried, then lazily as a last resort."""
-        gc.collect()  # drop lock files' descriptors held by dead objects
         while m.mountpoints:
             mnt = m.mountpoints.pop()
+            if _holds_files_under(mnt):
+                gc.collect()  # drop lock files' descriptors held by dead objects
             for attempt in range(5):
                 proc = subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
                 if proc.returncode == 0:
                     break
+                gc.collect()
                 time.sleep(0.05 * (attempt + 1))
             else:
                 subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
@@ -204,6 +269,8 @@ class Mounter:
             subprocess.run(["losetup", "-d", m.device], capture_output=True, check=False)
             self._devices.remove(m.device)
             shutil.rmtree(m.path.parent, ignore_errors=True)
+            if m.image is not None:
+                m.image.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Undo every mount and loop device made here, whatever state they are in."""
@@ -213,6 +280,8 @@ class Mounter:
         for device in reversed(self._devices):
             subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
         self._devices.clear()
+        if self._images is not None and self._images_mounted:
+            subprocess.run(["umount", str(self._images)], capture_output=True, check=False)
         # Last resort: anything under base still mounted (a test that raised halfway).
         with open("/proc/mounts") as f:
             stale = [line.split()[1] for line in f if line.split()[1].startswith(str(self.base))]

@@ -5,11 +5,16 @@ bit-identical to a run that was never stopped; a legacy root needs --fresh."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import select
+import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,16 +43,78 @@ class Run:
         return next((ln for ln in self.out.splitlines() if ln.startswith(prefix)), None)
 
 
+class Forker:
+    """The child's ``--serve`` mode: one process that imported torch forks each run."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
+        self.buffer = b""
+        assert "ready" in self.answer()
+
+    def answer(self) -> dict[str, int]:
+        """The next line the server wrote (unbuffered: a line read ahead is kept here)."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + TIMEOUT
+        while b"\n" not in self.buffer:
+            wait = max(deadline - time.monotonic(), 0)
+            ready, _, _ = select.select([self.proc.stdout], [], [], wait)
+            chunk = os.read(self.proc.stdout.fileno(), 4096) if ready else b""
+            assert chunk, f"the --serve process gave no answer (exit {self.proc.poll()})"
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return dict(json.loads(line))
+
+    def run(self, argv: list[str], out: Path, err: Path) -> int:
+        """Fork a run of ``python CHILD *argv``: its exit status (-9: SIGKILLed)."""
+        assert self.proc.stdin is not None
+        request = {"argv": argv, "out": str(out), "err": str(err)}
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        pid = self.answer()["pid"]
+        try:
+            return self.answer()["returncode"]
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            raise
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=TIMEOUT)
+
+
+TIMEOUT = 180
+_FORKER: list[Forker] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forker() -> Iterator[None]:
+    """The module's forking server, ended after its last test."""
+    yield
+    while _FORKER:
+        _FORKER.pop().close()
+
+
 def train(root: Path, *faults: str, trainer_args: tuple[str, ...] = ()) -> Run:
-    """Run the example (through the fault-injecting child) on ``root``."""
-    proc = subprocess.run(
-        [sys.executable, str(CHILD), *faults, "--", str(root), *ARGS, *trainer_args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    return Run(proc.returncode, proc.stdout, proc.stderr)
+    """Run the example (through the fault-injecting child) on ``root``, in a process of its
+    own: forked by the child's ``--serve`` process, as ``python CHILD ...`` would run it."""
+    if not _FORKER:
+        _FORKER.append(Forker())
+    argv = [*faults, "--", str(root), *ARGS, *trainer_args]
+    out, err = root.parent / f"{root.name}.out", root.parent / f"{root.name}.err"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        returncode = _FORKER[0].run(argv, out, err)
+    except BaseException:
+        server = _FORKER.pop()  # its answers are out of step now: the next run starts anew
+        server.proc.kill()
+        server.proc.wait()
+        raise
+    return Run(returncode, out.read_text(), err.read_text())
 
 
 def state(root: Path) -> dict[str, Any]:
