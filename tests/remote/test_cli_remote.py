@@ -42,7 +42,7 @@ def root(request: pytest.FixtureRequest) -> Root:
 
 
 @pytest.fixture
-def populated(root: Root) -> RemoteCheckpointDir:
+def populated(root: Root, tmp_path: Path) -> RemoteCheckpointDir:
     """Steps 1, 2 and 3 complete, and an uncommitted attempt of step 4."""
     remote = root.rdir
     for step in (1, 2, 3):
@@ -50,8 +50,7 @@ def populated(root: Root) -> RemoteCheckpointDir:
             write_tree(path, step)
     from atomic_ckpt.remote import _store
 
-    src = Path(remote._staging_dir or ".") / "orphan.bin"
-    src.parent.mkdir(parents=True, exist_ok=True)
+    src = tmp_path / "orphan.bin"  # never the working directory (the repository)
     src.write_bytes(b"half an upload")
     remote._store.upload([_store.Upload(src, f"4/{'a' * 32}/model.bin", 14)])
     return remote
