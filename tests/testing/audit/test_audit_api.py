@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from _audit_scripts import (
     MARKER,
     NAIVE,
     RESUME,
+    check_script,
     needs_strace,
     resume_committed,
     resume_marked,
@@ -28,7 +31,7 @@ pytestmark = needs_strace
 def test_naive_in_place_save_is_broken_under_kill(tmp_path: Path) -> None:
     """Files written straight into N/: a kill leaves a newest N/ the resume cannot load."""
     root = tmp_path / "ckpts"
-    resume = script(tmp_path, "resume.py", RESUME)
+    resume = check_script(tmp_path, "resume.py", RESUME)
     workload = [*script(tmp_path, "naive.py", NAIVE), str(root)]
     report = audit(workload, [*resume, str(root)], root=root, models=["kill"])
     assert isinstance(report, AuditReport)
@@ -43,10 +46,32 @@ def test_naive_in_place_save_is_broken_under_kill(tmp_path: Path) -> None:
     assert not root.exists()  # it did not exist before the audit
 
 
-def test_marker_without_fsync_is_clean_under_kill_and_broken_under_power(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class _Marked:
+    root: Path
+    workload: list[str]
+    resume: Callable[[Path], None]
+    report: AuditReport
+
+
+@pytest.fixture(scope="module")
+def marked(tmp_path_factory: pytest.TempPathFactory) -> _Marked:
+    """MARKER audited serially with a function check, once for the tests that read it
+    (the report is read-only): the check also asserts it sees the state at DIR itself."""
+    tmp = tmp_path_factory.mktemp("marked")
+    root = tmp / "ckpts"
+    workload = [*script(tmp, "marker.py", MARKER), str(root)]
+
+    def resume(path: Path) -> None:
+        assert path == root  # the state is seen at DIR itself, not elsewhere
+        resume_marked(path)
+
+    return _Marked(root, workload, resume, audit(workload, resume, root=root))
+
+
+def test_marker_without_fsync_is_clean_under_kill_and_broken_under_power(marked: _Marked) -> None:
     """A marker written last survives any kill, but a power loss keeps it without the data."""
-    root = tmp_path / "ckpts"
-    report = audit([*script(tmp_path, "marker.py", MARKER), str(root)], resume_marked, root=root)
+    report = marked.report
     assert report.by_model("kill") == ()
     assert report.states["kill"] > 10
     power = report.by_model("power")
@@ -86,7 +111,7 @@ def test_max_states_samples_reproducibly_and_says_so(tmp_path: Path) -> None:
     """Past max_states, a seeded sample is checked and the report says it sampled."""
     root = tmp_path / "ckpts"
     workload = [*script(tmp_path, "naive.py", NAIVE), str(root)]
-    check = [*script(tmp_path, "resume.py", RESUME), str(root)]
+    check = [*check_script(tmp_path, "resume.py", RESUME), str(root)]
     first = audit(workload, check, root=root, max_states=5, seed=3)
     again = audit(workload, check, root=root, max_states=5, seed=3)
     assert first.checked == 5
@@ -166,17 +191,10 @@ def test_missing_strace_says_how_to_install_it(
 
 
 @pytest.mark.skipif(not namespaces_available(), reason="needs root and unshare -m")
-def test_forked_checks_run_in_parallel_namespaces_see_their_own_state(tmp_path: Path) -> None:
+def test_forked_checks_run_in_parallel_namespaces_see_their_own_state(marked: _Marked) -> None:
     """jobs=2 with a function check: each child sees its state at DIR; same verdicts as serial."""
-    root = tmp_path / "ckpts"
-    workload = [*script(tmp_path, "marker.py", MARKER), str(root)]
-
-    def resume(path: Path) -> None:
-        assert path == root  # the state is seen at DIR itself, not elsewhere
-        resume_marked(path)
-
-    serial = audit(workload, resume, root=root)
-    parallel = audit(workload, resume, root=root, jobs=2)
+    serial = marked.report  # the same workload and check, audited with jobs=1
+    parallel = audit(marked.workload, marked.resume, root=marked.root, jobs=2)
     assert [n for n in parallel.notes if not n.startswith("power:")] == []
     assert parallel.states == serial.states
     key = [(v.model, v.crash_point, v.survived) for v in serial.violations]

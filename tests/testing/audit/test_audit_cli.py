@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from _audit_scripts import COMMITTED, NAIVE, RESUME, needs_strace, script
+from _audit_scripts import COMMITTED, NAIVE, RESUME, check_script, needs_strace, script
 
 from atomic_ckpt.testing.audit._checks import namespaces_available
 from atomic_ckpt.testing.audit._materialize import aside_path
@@ -34,22 +36,38 @@ def cli(
     )
 
 
-def test_violations_exit_1_and_the_json_has_states_violations_and_operations(
-    tmp_path: Path,
-) -> None:
-    """A naive save: exit 1, and --json FILE holds states per model and each violation's model."""
-    naive = script(tmp_path, "naive.py", NAIVE)
-    resume = script(tmp_path, "resume.py", RESUME)
-    out = tmp_path / "report.json"
+@dataclass(frozen=True)
+class _Naive:
+    cwd: Path
+    run: subprocess.CompletedProcess[str]
+    report: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def naive_serial(tmp_path_factory: pytest.TempPathFactory) -> _Naive:
+    """The naive save audited on the command line with a command check and --json, one
+    check at a time (the default), once for the tests that read the result (read-only)."""
+    cwd = tmp_path_factory.mktemp("naive")
+    naive = script(cwd, "naive.py", NAIVE)
+    resume = check_script(cwd, "resume.py", RESUME)
+    out = cwd / "report.json"
     run = cli(
         "audit", "--root", "ckpts", "--check", " ".join([*resume, "ckpts"]),
         "--json", str(out), "--", *naive, "ckpts",
-        cwd=tmp_path,
+        cwd=cwd,
     )  # fmt: skip
+    return _Naive(cwd, run, json.loads(out.read_text()) if out.exists() else {})
+
+
+def test_violations_exit_1_and_the_json_has_states_violations_and_operations(
+    naive_serial: _Naive,
+) -> None:
+    """A naive save: exit 1, and --json FILE holds states per model and each violation's model."""
+    run = naive_serial.run
     assert run.returncode == 1, run.stderr
     assert "BROKEN" in run.stdout
     assert "[kill] crash after operation" in run.stdout
-    report = json.loads(out.read_text())
+    report = naive_serial.report
     assert set(report["states"]) == {"kill", "power"}
     assert report["states"]["kill"] > 0
     assert report["operations"] > 0
@@ -57,7 +75,7 @@ def test_violations_exit_1_and_the_json_has_states_violations_and_operations(
     assert {v["model"] for v in report["violations"]} == {"kill", "power"}
     assert all(isinstance(v["listing"], list) for v in report["violations"])
     assert set(report["timings"]) == {"record", "build", "checks"}
-    assert not (tmp_path / "ckpts").exists()
+    assert not (naive_serial.cwd / "ckpts").exists()
 
 
 def test_a_clean_audit_exits_0(tmp_path: Path) -> None:
@@ -167,21 +185,22 @@ def test_an_interrupted_audit_puts_dir_back(tmp_path: Path, sig: signal.Signals)
 
 
 @pytest.mark.skipif(not namespaces_available(), reason="needs root and unshare -m")
-def test_parallel_checks_in_mount_namespaces_find_what_serial_checks_find(tmp_path: Path) -> None:
-    """--jobs 2: each check sees its state at DIR in a private namespace; same verdicts."""
+def test_parallel_checks_in_mount_namespaces_find_what_serial_checks_find(
+    naive_serial: _Naive, tmp_path: Path
+) -> None:
+    """--jobs 2: each check sees its state at DIR in a private namespace; same verdicts
+    (as the serial run of the same scripts, naive_serial, found)."""
+    assert naive_serial.run.returncode == 1, naive_serial.run.stderr
     naive = script(tmp_path, "naive.py", NAIVE)
-    resume = " ".join([*script(tmp_path, "resume.py", RESUME), "ckpts"])
-    reports = []
-    for jobs in ("1", "2"):
-        out = tmp_path / f"r{jobs}.json"
-        run = cli(
-            "audit", "--root", "ckpts", "--check", resume, "--jobs", jobs, "--json", str(out),
-            "--", *naive, "ckpts",
-            cwd=tmp_path,
-        )  # fmt: skip
-        assert run.returncode == 1, run.stderr
-        reports.append(json.loads(out.read_text()))
-    serial, parallel = reports
+    resume = " ".join([*check_script(tmp_path, "resume.py", RESUME), "ckpts"])
+    out = tmp_path / "r2.json"
+    run = cli(
+        "audit", "--root", "ckpts", "--check", resume, "--jobs", "2", "--json", str(out),
+        "--", *naive, "ckpts",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    serial, parallel = naive_serial.report, json.loads(out.read_text())
     assert [n for n in parallel["notes"] if not n.startswith("power:")] == []
     assert parallel["states"] == serial["states"]
     key = [(v["model"], v["crash_point"], v["survived"]) for v in serial["violations"]]

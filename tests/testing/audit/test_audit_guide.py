@@ -24,9 +24,13 @@ def blocks() -> list[tuple[str, str]]:
 
 
 def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """A console line as this checkout runs it (atomic-ckpt and python from this Python)."""
+    """A console line as this checkout runs it (atomic-ckpt and python from this Python;
+    a --check command's python with -S: it runs once per crash state, the guide's checks
+    need only the standard library, and site-packages' .pth files cost half of each
+    start-up here)."""
     python = sys.executable
     command = re.sub(r"^atomic-ckpt\b", f"{python} -m atomic_ckpt.cli", command)
+    command = re.sub(r'(--check ")python(?= )', rf"\g<1>{python} -S", command)
     command = re.sub(r"(?<![\w/.-])python(?= )", python, command)
     return subprocess.run(
         command, shell=True, cwd=cwd, capture_output=True, text=True, timeout=300, check=False

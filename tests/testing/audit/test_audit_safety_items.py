@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _audit_scripts import NAIVE, RESUME, needs_strace, script
+from _audit_scripts import NAIVE, RESUME, check_script, needs_strace, script
 
 from atomic_ckpt.testing import audit
 from atomic_ckpt.testing.audit import AuditError
@@ -60,7 +60,7 @@ def test_29_2_a_relative_root_is_the_workloads_cwd(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     naive = script(tmp_path, "naive.py", NAIVE)
-    resume = [*script(tmp_path, "resume.py", RESUME), "ckpts"]
+    resume = [*check_script(tmp_path, "resume.py", RESUME), "ckpts"]
     report = audit([*naive, "ckpts"], resume, root="ckpts", cwd=work, models=["kill"], max_states=4)
     assert report.operations > 0
     assert not report.ok
