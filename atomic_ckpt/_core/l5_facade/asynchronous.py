@@ -234,9 +234,9 @@ class AsyncCommitter(ClosesOnExit):
         replace_unusable: bool = False,
     ) -> None:
         try:
-            with self._ckpts.begin(
-                step, metadata=metadata, retain=self._retain, replace_unusable=replace_unusable
-            ) as commit:
+            # A remote root has no unusable-step check (and no such option): pass it only if set.
+            extra: dict[str, Any] = {"replace_unusable": True} if replace_unusable else {}
+            with self._ckpts.begin(step, metadata=metadata, retain=self._retain, **extra) as commit:
                 job(commit.path)
         except BaseException as exc:
             exc.add_note(f"atomic_ckpt: raised by the background commit of step {step}")
