@@ -7,6 +7,7 @@ counterpart of the S3 tests' botocore hooks."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import socket
@@ -17,11 +18,31 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import pytest
 import requests
 import requests.adapters
 import urllib3
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` imports (a client the gcs or azure extra installs)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def missing(why: str) -> NoReturn:
+    """Skip for want of a client or an emulator; in CI (``CI`` set: .ci/run sets it, and it
+    installs both) fail instead, so a broken install step cannot turn the GCS and Azure
+    tests into skips."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI installs it: see .ci/run)")
+    pytest.skip(why)
+
 
 HERE = Path(__file__).resolve().parent
 AZURITE = HERE / "emulators" / "node_modules" / ".bin" / "azurite-blob"

