@@ -132,13 +132,16 @@ def check(root):
             assert f.read(4096) == b"w" * 4096, "new.bin's block is missing"
 """
 
+# The peak RSS is VmHWM, this process's own; ru_maxrss would carry the pytest worker's peak
+# (Linux keeps a process's maxrss across fork and exec), so a big worker failed the test.
 DRIVER = """\
-import json, resource, sys
+import json, sys
 from atomic_ckpt.testing import audit
 sys.path.insert(0, ".")
 from sparse_check import check
 report = audit([sys.executable, "workload.py"], check, root="ckpts", models=["kill"])
-print(json.dumps({"rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"rss_kib": int(hwm.split()[1]),
                   "ok": report.ok, "states": report.states, "checked": report.checked,
                   "violations": [v.listing for v in report.violations]}))
 """
