@@ -30,6 +30,7 @@ from atomic_ckpt.testing.audit._checks import (
     tail,
 )
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
+from atomic_ckpt.testing.audit._guards import check_root, check_workdir
 from atomic_ckpt.testing.audit._materialize import (
     Materializer,
     hard_linked,
@@ -105,6 +106,8 @@ def audit(
     path = Path(os.path.normpath(os.path.join(workdir or os.getcwd(), root)))
     if not path.parent.is_dir():
         raise AuditError(f"the parent of the audited directory, {path.parent}, does not exist")
+    check_root(path)
+    check_workdir(path, workdir)  # issue 29 attack 03: a cwd inside root runs in the original
     argv = ["/bin/sh", "-c", workload] if isinstance(workload, str) else list(workload)
     show = sys.stderr.isatty() if progress is None else progress
     timings: dict[str, float] = {}
