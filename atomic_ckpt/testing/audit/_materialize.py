@@ -196,7 +196,9 @@ def private_dir(near: Path) -> Path:
 
 
 def _name(root: Path) -> str:
-    digest = hashlib.sha256(os.fsencode(os.path.join(os.path.realpath(root.parent), root.name))).hexdigest()[:20]
+    digest = hashlib.sha256(
+        os.fsencode(os.path.join(os.path.realpath(root.parent), root.name))
+    ).hexdigest()[:20]
     return f"{root.name[:40]}-{digest}"
 
 
