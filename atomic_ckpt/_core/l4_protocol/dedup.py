@@ -12,6 +12,10 @@ entry of the same path in the previous checkpoint's manifest:
   device, inode, size and modification time (ns) as recorded at its commit, checked
   before and after it is shared. A file written in place since, touched, or recorded by an
   older version (no identity) is never trusted: the written file stays (logged);
+* its bytes are then read once, through the new link, and compared with the staged file's
+  (in the page cache): only equal bytes are linked, so a change that kept the size and
+  mtime (``os.utime``, bit rot) never replaces the good bytes just written. Dedup saves
+  disk space, not reads: it reads the previous file once;
 * the file is shared under a temporary name beside the staged one, by reflink (btrfs,
   xfs), else by hard link (ext4, tmpfs); a copy would save nothing, so where neither is
   possible the written file stays. The temporary name is then renamed over the staged
@@ -141,7 +145,8 @@ def apply(root: Root, commit: Any, entries: list[FileEntry]) -> list[FileEntry]:
             assert their.mtime_ns is not None
             target = commit.path / mine.path
             tmp = target.with_name(temp_name(target.name))
-            how = link_same(pin, mine.path, tmp, (dev, their.ino, their.size, their.mtime_ns))
+            expect = (dev, their.ino, their.size, their.mtime_ns)
+            how = link_same(pin, mine.path, tmp, expect, target)
             if how is None:
                 continue
             try:
@@ -188,10 +193,13 @@ def _equal(mine: FileEntry, their: FileEntry | None) -> bool:
     )
 
 
-def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId) -> Linked | None:
+def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId, written: Path) -> Linked | None:
     """Make the new name ``tmp`` a reflink, else a hard link, of the regular file ``rel``
     below the directory open as ``top_fd`` (never through a symlink), if that file is
-    still ``expect`` (device, inode, size, mtime in ns) before and after it is shared.
+    still ``expect`` (device, inode, size, mtime in ns) before and after it is shared,
+    and its bytes, read once through the new link, equal those of the file ``written``
+    (the one it replaces): a change that kept the size and mtime (restored with
+    ``os.utime``, or bit rot) is caught here, never copied over the good bytes.
     None, with nothing left at ``tmp``, where it is gone or changed (logged as a warning:
     it was written or touched since) or the filesystem shares nothing (a copy would save
     no space)."""
@@ -214,7 +222,30 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId) -> Linked | None
             rel,
         )
         return None
+    if not _same_bytes(tmp, written):
+        os.unlink(tmp)
+        log.warning(
+            "dedup: %s does not hold the bytes its manifest's checksum says (changed in "
+            "place with its size and mtime kept, or damaged; run verify() on that "
+            "checkpoint): not linked, the file written stays",
+            rel,
+        )
+        return None
     return linked
+
+
+_CHUNK = 1 << 20
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether the files ``a`` and ``b`` hold the same bytes (read in 1 MiB chunks)."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(_CHUNK), fb.read(_CHUNK)
+            if x != y:
+                return False
+            if not x:
+                return True
 
 
 def _stat_at(top_fd: int, rel: str) -> os.stat_result:

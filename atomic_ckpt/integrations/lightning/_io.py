@@ -266,7 +266,7 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
             return
         try:
             link = tmp.with_name(temp_name(source.name))
-            how = _dedup.link_same(fd, source.name, link, before[2])
+            how = _dedup.link_same(fd, source.name, link, before[2], tmp)
         finally:
             os.close(fd)
         if how is not None:
