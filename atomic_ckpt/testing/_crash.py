@@ -188,7 +188,11 @@ class Recording(_CrashStates):
         """Run ``checker`` on every distinct crash state of ``models``; stop at the first
         rejected one unless ``keep_going``."""
         checker = checker or check_invariants
-        seen: set[tuple[bytes, tuple[tuple[int, int], ...]]] = set()
+        # A crash state is checked once per (tree, open-handle context, is-the-end): a
+        # checker may demand more of the end (the after-state: what returned is durable),
+        # so a tree already accepted mid-way must still be checked at the end.
+        seen: set[tuple[bytes, tuple[tuple[int, int], ...], bool]] = set()
+        end = len(self.ops)
         by_model: dict[str, int] = dict.fromkeys(models, 0)
         failures: list[Failure] = []
         generated = 0
@@ -199,7 +203,8 @@ class Recording(_CrashStates):
             ctx = context_at.get(c.crash_point)
             if ctx is None:
                 ctx = context_at[c.crash_point] = self._context(c.crash_point)
-            key = (hashlib.blake2b(repr(flat).encode(), digest_size=16).digest(), ctx)
+            digest = hashlib.blake2b(repr(flat).encode(), digest_size=16).digest()
+            key = (digest, ctx, c.crash_point == end)
             if key in seen:
                 continue
             seen.add(key)
