@@ -4,7 +4,8 @@ and case, the counterpart of ``remote_upload.py``'s S3 rows.
 
 Run ``python benchmarks/remote_upload_cloud.py`` (the ~250 MB training state and 1,000
 files of 64 KiB, 5 repetitions) or ``--tiny`` (seconds; the smoke test). It starts
-fake-gcs-server and Azurite as tests/remote does (see docs/guides/object-storage.md).
+fake-gcs-server and Azurite as tests/remote does (see docs/guides/object-storage.md), but
+keeping their objects on disk; each repetition's objects are deleted after it, untimed.
 Each repetition times, in alternating order:
 
 * ``plain upload``: the SDK's own way to upload a tree, with the same 16 workers: on GCS
@@ -104,6 +105,16 @@ def _plain(emulator: Emulator, bucket: str, tree: Path) -> Callable[[int], None]
     return azure
 
 
+def _remove_plain(emulator: Emulator, bucket: str, i: int) -> None:
+    """Delete the plain upload of repetition ``i`` (``plain-<i>/``)."""
+    from atomic_ckpt.remote import RemoteCheckpointDir
+
+    store: Any = RemoteCheckpointDir(
+        f"{emulator.scheme}://{bucket}/plain-{i}", storage_options=emulator.options()
+    )._store
+    store.delete(list(store.find("")))
+
+
 def run_case(emulator: Emulator, payload: Tree, data_dir: Path, repeats: int) -> dict[str, Any]:
     """Time both methods ``repeats`` times on ``payload``'s files against ``emulator``."""
     from atomic_ckpt.remote import RemoteCheckpointDir
@@ -133,6 +144,9 @@ def run_case(emulator: Emulator, payload: Tree, data_dir: Path, repeats: int) ->
             start = time.perf_counter()
             timed[method](i)
             times[method] = time.perf_counter() - start
+        # Untimed: the repetition's objects go, so the in-memory servers hold one at most.
+        rdir.delete(i)
+        _remove_plain(emulator, bucket, i)
         if i == 0:
             continue
         for method, seconds in times.items():
@@ -155,9 +169,11 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Object-store commit vs plain upload: GCS and Azure (emulators)",
         "",
-        f"Machine: {meta['machine_line']}. Load average at the start: {meta['loadavg']}. "
-        f"Servers: fake-gcs-server (memory backend) and Azurite {meta['versions']['azurite']} "
-        "(in memory), each a child process on 127.0.0.1; clients google-cloud-storage "
+        f"Machine: {meta['machine_line']}. "
+        f"Load average at the start: {', '.join(meta['loadavg'])}. "
+        f"Servers: fake-gcs-server (filesystem backend) and Azurite "
+        f"{meta['versions']['azurite']} (disk persistence), each a child process on 127.0.0.1 "
+        "keeping the objects on the local disk; clients google-cloud-storage "
         f"{meta['versions']['google-cloud-storage']}, azure-storage-blob "
         f"{meta['versions']['azure-storage-blob']}. {meta['repeats']} timed repetitions "
         f"(medians). Command: `{meta['command']}`.",
@@ -182,6 +198,11 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _fresh(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny payloads (the smoke test)")
@@ -197,7 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().isoformat(timespec="seconds")
     rows = []
     try:
-        for start in (lambda: start_fake_gcs(binary), start_azurite):
+        # The servers keep the objects in files (in memory, a few uploads of 800 MB grow
+        # fake-gcs-server past 6 GB), on the same disk as the local files.
+        starts = (
+            lambda: start_fake_gcs(binary, _fresh(data_dir / "gcs-objects")),
+            lambda: start_azurite(_fresh(data_dir / "azurite-objects")),
+        )
+        for start in starts:
             emulator = start()
             try:
                 for make in _cases(args.tiny):
@@ -219,7 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine_line": machine_line(info),
         "loadavg": loadavg(),
         "started": started,
-        "command": " ".join(["python", "benchmarks/remote_upload_cloud.py", *(argv or [])]),
+        "command": " ".join(
+            [
+                "python",
+                "benchmarks/remote_upload_cloud.py",
+                *(sys.argv[1:] if argv is None else argv),
+            ]
+        ),
         "repeats": repeats,
         "versions": {
             "google-cloud-storage": version("google-cloud-storage"),

@@ -116,6 +116,8 @@ def _substitutions() -> dict[str, str]:
         "deepspeed",
         "fsspec",
         "s3fs",
+        "google-cloud-storage",
+        "azure-storage-blob",
         "safetensors",
     ):
         subs["built_" + dist.replace("-", "_")] = _installed(dist)

@@ -6,6 +6,8 @@
 #                            .ci/run install with -c requirements/test.txt)
 #   requirements/oldest.txt  the oldest supported transformers, Accelerate and Lightning
 #                            (requirements/oldest.in) with '.[transformers,accelerate,lightning]'
+#   requirements/oldest-cloud.txt  the oldest google-cloud-storage and azure-storage-blob
+#                            (requirements/oldest-cloud.in) with '.[gcs,azure]'
 # Usage: bash requirements/lock.sh   (a few minutes: deepspeed builds from its sdist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,3 +39,9 @@ python -m venv "$work/oldest"
   -e '.[transformers,accelerate,lightning]'
 freeze "$work/oldest" requirements/oldest.txt \
   "The oldest supported frameworks: requirements/oldest.in, as .ci/run installs it"
+
+python -m venv "$work/oldest-cloud"
+"$work/oldest-cloud/bin/pip" install -q --no-compile -r requirements/oldest-cloud.in \
+  -e '.[gcs,azure]'
+freeze "$work/oldest-cloud" requirements/oldest-cloud.txt \
+  "The oldest GCS and Azure clients: requirements/oldest-cloud.in, as .ci/run installs it"

@@ -98,6 +98,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "RemoteCommit",
         "RemoteEntry",
         "UnsupportedStoreError",
+        "open",
     ),
     "atomic_ckpt.testing": (
         "Checker",

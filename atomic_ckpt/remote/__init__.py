@@ -12,6 +12,8 @@ extra: ``pip install 'atomic_ckpt[s3]'``.
     # here s3://bucket/run1/<step> is complete, or untouched on error
     last = ckpts.latest()
 
+    ckpts = atomic_ckpt.remote.open(args.checkpoint_dir)  # a URL or a local directory
+
 The protocol and its invariants: docs/guides/object-storage-protocol.md.
 """
 
@@ -25,7 +27,7 @@ try:
     importlib.import_module("fsspec")
 except ImportError as exc:  # pragma: no cover (the extra is installed in CI)
     raise ImportError(
-        "atomic_ckpt.remote needs fsspec and s3fs: pip install 'atomic_ckpt[s3]'"
+        "atomic_ckpt.remote needs fsspec: pip install 'atomic_ckpt[s3]' (or [gcs], [azure])"
     ) from exc
 
 from atomic_ckpt.remote._commit import RemoteCommit
@@ -33,6 +35,7 @@ from atomic_ckpt.remote._dir import DEFAULT_GRACE, RemoteCheckpointDir
 from atomic_ckpt.remote._entries import RemoteEntry
 from atomic_ckpt.remote._mirror import AsyncRemoteCommitter, Mirror
 from atomic_ckpt.remote._protocol import ATTEMPT_KEY, RemoteCheckpoint
+from atomic_ckpt.remote._root import open
 from atomic_ckpt.remote._store import NoSuchBucketError, UnsupportedStoreError
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "RemoteCommit",
     "RemoteEntry",
     "UnsupportedStoreError",
+    "open",
 ]
 
 _public.export(__name__, globals(), __all__)

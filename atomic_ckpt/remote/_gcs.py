@@ -8,8 +8,12 @@ resumable upload (the paths whose precondition every server checked enforces; th
 bare ``uploadType=media`` path is never used). HTTP 412 becomes
 :class:`~._store.PreconditionFailed`; 429 and 5xx are retried by the client; a
 missing bucket is :class:`~._store.NoSuchBucketError`, 401/403 a PermissionError,
-transport failures OSErrors. Large files go as resumable uploads in chunks, the
-whole object's CRC32C checked by the server when it completes.
+transport failures OSErrors. Every upload carries the object's CRC32C: a small file's
+multipart upload in its metadata (the server refuses a mismatch); a large file goes as a
+resumable upload in chunks (the JSON API checks no single chunk), the CRC32C with its
+last chunk where the client sends it (google-cloud-storage 3). Either way the client
+compares the CRC32C the server reports for the stored object with the bytes it sent: a
+mismatch is an OSError, before the commit point.
 """
 
 from __future__ import annotations
@@ -52,11 +56,26 @@ def load_gcs() -> None:
         _G["credentials"] = importlib.import_module("google.auth.credentials")
         _G["auth"] = importlib.import_module("google.auth")
         _G["service_account"] = importlib.import_module("google.oauth2.service_account")
+        _G["corrupt"] = _media_errors()
     except ImportError:
         _G.clear()
         raise ImportError(
             "gs:// needs google-cloud-storage: pip install 'atomic_ckpt[gcs]'"
         ) from None
+
+
+def _media_errors() -> tuple[type[BaseException], ...]:
+    """The upload layer's own errors: a checksum that differs from the server's
+    (DataCorruption) and an answer it cannot read (InvalidResponse). google-cloud-storage
+    3 defines them in google.cloud.storage.exceptions, 2.x in google.resumable_media."""
+    found: list[type[BaseException]] = []
+    for module in ("google.cloud.storage.exceptions", "google.resumable_media.common"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [getattr(mod, n) for n in ("DataCorruption", "InvalidResponse") if hasattr(mod, n)]
+    return tuple(found)
 
 
 def _credentials(token: Any, endpoint: str | None) -> Any:
@@ -165,6 +184,8 @@ class GCSStore(Store):
             ) from exc
         except exc_mod.GoogleAPICallError as exc:
             raise OSError(f"{self.url}: {what} failed: {exc.code} {exc.message}") from exc
+        except _G["corrupt"] as exc:  # the object's CRC32C is not the bytes' sent
+            raise OSError(f"{self.url}: {what} failed: {exc}") from exc
         except exc_mod.RetryError as exc:
             raise OSError(f"{self.url}: {what} kept failing: {exc}") from exc
         except _G["auth"].exceptions.TransportError as exc:

@@ -18,12 +18,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 import requests
 import requests.adapters
 import urllib3
+
+if TYPE_CHECKING:
+    from atomic_ckpt.remote import RemoteCheckpointDir
 
 
 def importable(module: str) -> bool:
@@ -125,8 +128,8 @@ class Emulator:
 
     def stop(self) -> None:
         self.proc.terminate()
-        try:
-            self.proc.wait(10)
+        try:  # in memory, nothing to flush: fake-gcs-server can take 10 s to stop otherwise
+            self.proc.wait(2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -134,12 +137,15 @@ class Emulator:
             self.workdir.cleanup()
 
 
-def start_fake_gcs(binary: Path) -> Emulator:
+def start_fake_gcs(binary: Path, on_disk: Path | None = None) -> Emulator:
+    """fake-gcs-server in memory, or with its objects in files under ``on_disk`` (the
+    benchmark's: hundreds of MB in memory grow the server to gigabytes)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
+    backend = ("filesystem", "-filesystem-root", str(on_disk)) if on_disk else ("memory",)
     proc = subprocess.Popen(
         [
-            *(str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"),
+            *(str(binary), "-scheme", "http", "-backend", *backend, "-host", "127.0.0.1"),
             *("-port", str(port), "-external-url", endpoint, "-log-level", "error"),
         ],
         stdout=subprocess.DEVNULL,
@@ -149,13 +155,15 @@ def start_fake_gcs(binary: Path) -> Emulator:
     return Emulator("gs", endpoint, proc)
 
 
-def start_azurite() -> Emulator:
+def start_azurite(on_disk: Path | None = None) -> Emulator:
+    """Azurite in memory, or keeping its blobs in files under ``on_disk``."""
     port = free_port()
     workdir = tempfile.TemporaryDirectory(prefix="azurite-")
+    where = ("--location", str(on_disk)) if on_disk else ("--inMemoryPersistence",)
     proc = subprocess.Popen(
         [
             *(str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port)),
-            *("--inMemoryPersistence", "--silent", "--skipApiVersionCheck", "--loose"),
+            *(*where, "--silent", "--skipApiVersionCheck", "--loose"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -236,6 +244,33 @@ class HttpFault:
         out.request = request
         out.reason = "Internal Server Error"
         return out
+
+
+def fast_root(emulator: Emulator, url: str, tmp: Path, **extra: Any) -> RemoteCheckpointDir:
+    """A RemoteCheckpointDir on ``url`` whose client gives up fast: Azure 3 retries 50 ms
+    apart (the SDK's first backoff is 15 s), GCS retrying for ``gcs_retry`` seconds
+    (default 10; the client's is 120). Small parts: a file of 5 MiB goes in parts."""
+    from atomic_ckpt.remote import RemoteCheckpointDir
+
+    gcs_retry = extra.pop("gcs_retry", 10.0)
+    options = emulator.options()
+    if emulator.scheme == "az":
+        from azure.storage.blob import LinearRetry
+
+        options["client_kwargs"] = {
+            "retry_policy": LinearRetry(backoff=0.05, random_jitter_range=0, retry_total=3)
+        }
+    rdir = RemoteCheckpointDir(
+        url,
+        storage_options=options,
+        staging_dir=tmp / "staging",
+        part_size=5 << 20,
+        multipart_threshold=5 << 20,
+        **extra,
+    )
+    if emulator.scheme == "gs":
+        rdir._store.retry = rdir._store.retry.with_timeout(gcs_retry)  # type: ignore[attr-defined]
+    return rdir
 
 
 def env_without_cloud() -> dict[str, str]:

@@ -1,4 +1,6 @@
-"""Helpers shared by the remote tests and their child processes (no pytest here)."""
+"""Helpers shared by the remote tests and their child processes (no pytest here). botocore
+is imported only by the S3 hooks that use it, so the gs:// and az:// tests run where only
+the [gcs] and [azure] extras are installed (.ci/oldest_cloud.sh)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from aiobotocore.awsrequest import AioAWSResponse
-from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
 
 SMALL_PART = 5 << 20
 """The smallest part S3 (and moto) accept: the tests' multipart uploads use it."""
@@ -106,6 +105,9 @@ class Fault:
         events.register(f"after-call.s3.{self.operation}", self._after_call)
 
     def _before_send(self, request: Any, **_: Any) -> Any:
+        from aiobotocore.awsrequest import AioAWSResponse
+        from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+
         if self.match not in request.url or (self.times is not None and self.fired >= self.times):
             return None
         self.fired += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import assert_type
 
+import atomic_ckpt.remote
 from atomic_ckpt import Checkpoint, CheckpointDir, RetentionPolicy
 from atomic_ckpt.remote import (
     AsyncRemoteCommitter,
@@ -42,3 +43,8 @@ def use(local: CheckpointDir) -> None:
         assert_type(mirror.uploaded, list[RemoteCheckpoint])
     with AsyncRemoteCommitter(ckpts) as saver:
         saver.save(7, lambda directory: None)
+    root = atomic_ckpt.remote.open("gs://bucket/run", storage_options={"token": "anon"})
+    assert_type(root, RemoteCheckpointDir | CheckpointDir)
+    with root.commit(8) as p:
+        assert_type(p, Path)
+    assert_type(root.steps(), list[int])

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("s3fs", reason="the s3 extra is not installed: pip install 'atomic_ckpt[s3]'")
-pytest.importorskip("moto.server", reason="moto[server] is not installed (the test extra)")
+pytest.importorskip("fsspec", reason="no object-store extra: pip install 'atomic_ckpt[s3]'")
 
 from _emulators import (
     AZURITE,
@@ -25,7 +24,6 @@ from _emulators import (
     start_fake_gcs,
 )
 from _remote_support import AWS_ENV, S3, SMALL_PART
-from moto.server import ThreadedMotoServer
 
 from atomic_ckpt.remote import RemoteCheckpointDir
 
@@ -39,11 +37,16 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3]:
-    """moto's ThreadedMotoServer on 127.0.0.1, for the whole session."""
+    """moto's ThreadedMotoServer on 127.0.0.1, for the whole session (the S3 tests skip
+    without s3fs and moto: the gs:// and az:// ones need neither)."""
+    pytest.importorskip(
+        "s3fs", reason="the s3 extra is not installed: pip install 'atomic_ckpt[s3]'"
+    )
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
     saved = {k: os.environ.get(k) for k in AWS_ENV}
     os.environ.update(AWS_ENV)
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
     try:

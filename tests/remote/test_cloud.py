@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _emulators import Emulator, Hook, HttpFault, Send, env_without_cloud
+from _emulators import Emulator, Hook, HttpFault, Send, env_without_cloud, fast_root
 from _remote_support import SMALL_PART, read_tree, write_tree
 
 from atomic_ckpt.cli import main
@@ -26,25 +27,7 @@ BIG = SMALL_PART + 4321
 """One file uploaded in two parts (chunks, blocks): kills land between them."""
 
 
-def _open(emulator: Emulator, url: str, tmp: Path, **extra: Any) -> RemoteCheckpointDir:
-    options = emulator.options()
-    if emulator.scheme == "az":  # fast retries (the SDK's default first backoff is 15 s)
-        from azure.storage.blob import LinearRetry
-
-        options["client_kwargs"] = {
-            "retry_policy": LinearRetry(backoff=0.05, random_jitter_range=0, retry_total=3)
-        }
-    rdir = RemoteCheckpointDir(
-        url,
-        storage_options=options,
-        staging_dir=tmp / "staging",
-        part_size=SMALL_PART,
-        multipart_threshold=SMALL_PART,
-        **extra,
-    )
-    if emulator.scheme == "gs":  # retries for 10 s, not the client's default 120 s
-        rdir._store.retry = rdir._store.retry.with_timeout(10)  # type: ignore[attr-defined]
-    return rdir
+_open = fast_root
 
 
 def _fetch(rdir: RemoteCheckpointDir, step: int, tmp: Path) -> dict[str, bytes]:
@@ -294,11 +277,17 @@ def _child(
     )
 
 
+@pytest.mark.parametrize("replace", [False, True], ids=["new-step", "replace"])
 def test_racing_writer_processes_get_one_winner(
-    emulator: Emulator, cloud_url: str, tmp_path: Path
+    emulator: Emulator, cloud_url: str, tmp_path: Path, *, replace: bool
 ) -> None:
-    """Three processes stage step 5 and publish at once: exactly one commits, the others
-    get StepConflictError, and the step holds the winner's files."""
+    """Three processes stage step 5 and publish at once, creating it (create-only: GCS
+    ifGenerationMatch=0, Azure If-None-Match: *) or replacing the same committed step 5
+    (GCS ifGenerationMatch=<generation>, Azure If-Match: <etag>): exactly one commits,
+    the others get StepConflictError, and the step holds the winner's files."""
+    if replace:
+        with _open(emulator, cloud_url, tmp_path).commit(5) as path:
+            write_tree(path, 9)
     go = tmp_path / "go"
     procs = []
     for seed in (1, 2, 3):
@@ -315,6 +304,7 @@ def test_racing_writer_processes_get_one_winner(
     for _, ready, proc in procs:  # wait for each to be staged
         while not ready.exists():
             assert proc.poll() is None, proc.communicate()
+            time.sleep(0.01)
     go.touch()
     outcomes = {}
     for seed, _, proc in procs:
