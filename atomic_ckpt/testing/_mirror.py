@@ -12,6 +12,7 @@ from typing import Literal, TypeAlias
 from atomic_ckpt._core.l1_names.names import ROOT_LOCK, parse_tmp
 from atomic_ckpt.testing._results import Op
 from atomic_ckpt.testing._sparse import Data, load
+from atomic_ckpt.testing._writes import Write
 
 _Kind: TypeAlias = Literal["file", "dir", "symlink"]
 _UNIVERSE = 0  # the inode of the scratch directory that holds the root
@@ -128,8 +129,11 @@ class _Mirror:
         data: Data = b"",
         by: Literal["library", "observed", "traced"] = "library",
         torn: Data | None = None,
+        writes: tuple[Write, ...] | None = None,
     ) -> None:
-        self.ops.append(Op(len(self.ops), kind, inode, description, effects, data, by, torn))
+        self.ops.append(
+            Op(len(self.ops), kind, inode, description, effects, data, by, torn, writes)
+        )
         if inode < 0:  # a sync of everything
             return
         node = self.inodes[inode]

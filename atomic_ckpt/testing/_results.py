@@ -9,6 +9,7 @@ from typing import Literal, TypeAlias
 
 from atomic_ckpt import CheckpointDir, SyncPolicy
 from atomic_ckpt.testing._sparse import Data
+from atomic_ckpt.testing._writes import Write
 
 Model: TypeAlias = Literal["strict", "ext4", "subset"]
 MODELS: tuple[Model, ...] = ("strict", "ext4", "subset")
@@ -134,6 +135,10 @@ class Op:
     torn: Data | None = None
     """data ops: the contents half-way through the writes this op stands for (None:
     the first half of ``data``, as when a new file is written in one go)."""
+    writes: tuple[Write, ...] | None = None
+    """Traced data ops: the writes this op stands for (:mod:`._writes`), applied to the
+    file as a crash state has it; None: ``data`` is the file's contents whatever came
+    before (the library's hooks)."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 import random
 import shutil
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
@@ -28,6 +28,7 @@ from atomic_ckpt.testing._results import (
     Version,
 )
 from atomic_ckpt.testing._sparse import Data, prefix, text, write_to, zeros
+from atomic_ckpt.testing._writes import WriteFates, replay
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,36 @@ class _Candidate:
     persisted: frozenset[int]
     fates: Mapping[int, DataFate]
     note: str
+    writes: Mapping[int, WriteFates] = field(default_factory=dict)
+    """Traced data ops whose writes each have their own fate (in place of ``fates``)."""
 
 
 _Flat: TypeAlias = tuple[tuple[str, str, Data], ...]
+
+FULL_WRITES = 8
+"""The separate writes of one traced run whose own fates are built in full (of a longer
+run: the first and the last half as many); the random mixes draw from all of them."""
+
+
+def _picked(n: int) -> list[int]:
+    half = FULL_WRITES // 2
+    return list(range(n)) if n <= FULL_WRITES else [*range(half), *range(n - half, n)]
+
+
+def _prefixes(n: int) -> list[int]:
+    """How many of a run's ``n`` separate writes a crash between two of them has done."""
+    return [p for p in _picked(n + 1) if 0 < p < n]
+
+
+def _per_write(n: int) -> Iterator[tuple[WriteFates, str]]:
+    """One run of ``n`` separate writes: each alone lost, zero-filled or torn (the rest
+    kept), each the only one kept, and each prefix kept with the rest lost."""
+    for w in _picked(n):
+        for f in ("lost", "zero", "torn"):
+            yield tuple(f if v == w else "kept" for v in range(n)), f"write {w + 1} {f} (of {n})"
+        yield tuple("kept" if v == w else "lost" for v in range(n)), f"only write {w + 1} kept"
+    for p in _prefixes(n):
+        yield ("kept",) * p + ("lost",) * (n - p), f"writes after the first {p} of {n} lost"
 
 
 class _CrashModel:
@@ -61,6 +89,15 @@ class _CrashModel:
                         self._next_sync[i] = op.index
             else:
                 pending.setdefault(op.inode, []).append(op.index)
+        # For each traced data op: its file's contents just before it, when every earlier
+        # op was kept (a state where they were, the op's own snapshots stand for it)
+        last = {i: n.base_data for i, n in enumerate(inodes)}
+        self._prior: dict[int, Data] = {}
+        for op in self.ops:
+            if op.kind == "data":
+                self._prior[op.index] = last[op.inode]
+                last[op.inode] = op.data
+        self._replayed: dict[tuple[int, object, int], tuple[Data, Data]] = {}
 
     def covered(self, k: int) -> frozenset[int]:
         """Operations among the first ``k`` that an fsync among them made durable."""
@@ -74,7 +111,26 @@ class _CrashModel:
             op.index for op in self.ops[:k] if op.kind != "sync" and self._next_sync[op.index] >= k
         )
 
-    def _build(self, persisted: Collection[int], fates: Mapping[int, DataFate]) -> _Flat:
+    def _data(self, op: Op, base: Data, fate: DataFate | WriteFates) -> Data:
+        """What data op ``op`` leaves in a file holding ``base``, with ``fate``."""
+        if op.writes is None or (base is self._prior[op.index] and isinstance(fate, str)):
+            if fate == "zero":
+                return zeros(len(op.data))
+            if fate == "torn":
+                return op.torn if op.torn is not None else prefix(op.data, len(op.data) // 2)
+            return op.data
+        key = (op.index, fate, id(base))
+        known = self._replayed.get(key)
+        if known is None or known[0] is not base:  # the base held: its id stays its own
+            known = self._replayed[key] = (base, replay(base, op.writes, op.data, fate))
+        return known[1]
+
+    def _build(
+        self,
+        persisted: Collection[int],
+        fates: Mapping[int, DataFate],
+        writes: Mapping[int, WriteFates] | None = None,
+    ) -> _Flat:
         entries = {i: dict(n.base_entries) for i, n in enumerate(self._inodes) if n.kind == "dir"}
         data = {i: n.base_data for i, n in enumerate(self._inodes) if n.kind != "dir"}
         for i in sorted(persisted):
@@ -87,15 +143,11 @@ class _CrashModel:
                     else:
                         d[name] = child
             elif op.kind == "data":
-                fate = fates.get(i, "kept")
-                if fate == "zero":
-                    data[op.inode] = zeros(len(op.data))
-                elif fate == "torn":
-                    data[op.inode] = (
-                        op.torn if op.torn is not None else prefix(op.data, len(op.data) // 2)
-                    )
-                elif fate == "kept":
-                    data[op.inode] = op.data
+                fate: DataFate | WriteFates = fates.get(i, "kept")
+                if writes and i in writes:
+                    fate = writes[i]
+                if fate != "lost":
+                    data[op.inode] = self._data(op, data[op.inode], fate)
         flat: list[tuple[str, str, Data]] = []
         seen: set[int] = set()
 
@@ -154,6 +206,11 @@ class _CrashModel:
         yield _Candidate(k, "kill", done, {}, "process killed: every completed operation kept")
         if k and self.ops[k - 1].kind == "data":
             yield _Candidate(k, "kill", done, {k - 1: "torn"}, "process killed mid-write")
+            n = len(self.ops[k - 1].writes or ())
+            for p in _prefixes(n):  # between two separate writes of the run
+                said = f"process killed after write {p} of {n} of the last operation"
+                per = ("kept",) * p + ("lost",) * (n - p)
+                yield _Candidate(k, "kill", done, {}, said, {k - 1: per})
 
     def _power(
         self,
@@ -168,13 +225,17 @@ class _CrashModel:
         each unsynced write's own fate (lost: empty or its last durable contents, kept,
         zero-filled, torn), independent of the others': every write sharing one fate,
         every write but one kept (the one lost, zeroed or torn), one kept and the rest
-        lost, and ``samples`` random mixes drawn from ``rng`` (the audit's seed)."""
+        lost; within one traced run of separate writes (a seek, an overlap), each write's
+        own fate (:func:`_per_write`, the other files kept); and ``samples`` random mixes
+        drawn from ``rng`` (the audit's seed), a run's writes mixed too."""
         yield _Candidate(k, "power", covered, {}, "power loss: only what was fsynced survives")
         last_sync = max((op.index for op in self.ops[:k] if op.kind == "sync"), default=-1)
         journaled = {i for i in loose if self.ops[i].kind == "entry" and i < last_sync}
         tail = [i for i in loose if self.ops[i].kind == "entry" and i > last_sync]
         unsynced = [i for i in loose if self.ops[i].kind == "data"]
         fates: tuple[DataFate, ...] = ("lost", "kept", "zero", "torn")
+        runs = {i: len(self.ops[i].writes or ()) for i in unsynced}
+        multi = {i: n for i, n in runs.items() if n > 1}
         for j in range(len(tail) + 1):
             meta = covered | journaled | set(tail[:j])
             names = (
@@ -182,31 +243,32 @@ class _CrashModel:
                 if j == len(tail)
                 else f"names lost from #{tail[j] + 1}"
             )
-            mixes: list[tuple[dict[int, DataFate], str]] = [
-                (dict.fromkeys(unsynced, f), f"unsynced data all {f}") for f in fates
+            mixes: list[tuple[dict[int, DataFate], dict[int, WriteFates], str]] = [
+                (dict.fromkeys(unsynced, f), {}, f"unsynced data all {f}") for f in fates
             ]
+            kept: dict[int, DataFate] = dict.fromkeys(unsynced, "kept")
             if j == len(tail) and len(unsynced) > 1:  # one file's fate against the rest's
                 for i in unsynced:
-                    mixes.append(
-                        (
-                            {**dict.fromkeys(unsynced, "lost"), i: "kept"},
-                            f"only #{i + 1}'s data kept",
-                        )
-                    )
+                    only: dict[int, DataFate] = {**dict.fromkeys(unsynced, "lost"), i: "kept"}
+                    mixes.append((only, {}, f"only #{i + 1}'s data kept"))
                     for f in ("lost", "zero", "torn"):
-                        mixes.append(
-                            (
-                                {**dict.fromkeys(unsynced, "kept"), i: f},
-                                f"#{i + 1}'s data {f}, the rest kept",
-                            )
-                        )
-            if len(unsynced) > 1:
+                        mixes.append(({**kept, i: f}, {}, f"#{i + 1}'s data {f}, the rest kept"))
+            if j == len(tail):  # one run's writes each their own fate, the rest kept
+                for i, n in multi.items():
+                    for per, said in _per_write(n):
+                        mixes.append((kept, {i: per}, f"#{i + 1}'s {said}, the rest kept"))
+            if len(unsynced) > 1 or multi:
                 for _ in range(samples if j == len(tail) else max(1, samples // 4)):
                     mix: dict[int, DataFate] = {i: rng.choice(fates) for i in unsynced}
-                    mixes.append((mix, "unsynced data fates mixed at random"))
-            for mix, said in mixes:
-                persisted = frozenset(meta | {i for i in unsynced if mix[i] != "lost"})
-                yield _Candidate(k, "power", persisted, mix, f"power loss, {names}, {said}")
+                    each: dict[int, WriteFates] = {
+                        i: tuple(rng.choice(fates) for _ in range(n))
+                        for i, n in multi.items()
+                        if rng.random() < 0.5
+                    }
+                    mixes.append((mix, each, "unsynced data fates mixed at random"))
+            for mix, each, said in mixes:
+                persisted = frozenset(meta | {i for i in unsynced if mix[i] != "lost" or i in each})
+                yield _Candidate(k, "power", persisted, mix, f"power loss, {names}, {said}", each)
 
     def _ext4(
         self,

@@ -21,21 +21,13 @@ from atomic_ckpt.testing._sparse import Data, all_zero, load, text
 from atomic_ckpt.testing._sparse import copy as copy_sparse
 from atomic_ckpt.testing._sparse import digest as data_digest
 from atomic_ckpt.testing._states import _Candidate, _CrashModel, _Flat
-from atomic_ckpt.testing.audit._checks import (
-    Check,
-    Outcome,
-    Running,
-    namespaces_available,
-    start,
-    tail,
-)
+from atomic_ckpt.testing.audit._checks import Check, Outcome, namespaces_available, run_checks, tail
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
 from atomic_ckpt.testing.audit._guards import check_root, check_workdir
 from atomic_ckpt.testing.audit._materialize import (
-    Materializer,
     hard_linked,
     private_dir,
-    remove,
+    refuse_special,
     set_aside,
 )
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
@@ -118,6 +110,7 @@ def audit(
             if original is not None:
                 if not original.is_dir() or original.is_symlink():
                     raise AuditError(f"{path} is not a directory")
+                refuse_special(original, os.fspath(root))  # attack of main 1: a FIFO
                 linked = hard_linked(original)  # issue 29.6/29.12: a copy would split them
                 if linked:
                     raise CannotRebuild(
@@ -158,8 +151,8 @@ def audit(
                     "the checks ran one at a time"
                 )
                 jobs = 1
-            outcomes = _run_checks(
-                states,
+            outcomes = run_checks(
+                [s.flat for s in states],
                 chosen,
                 check,
                 root=path,
@@ -308,7 +301,7 @@ def _plan(
     states: list[_State] = []
     per_model: dict[str, set[int]] = {m: set() for m in models}
     for c in model.candidates(models, seed=seed):
-        flat = model._build(c.persisted, c.fates)
+        flat = model._build(c.persisted, c.fates, c.writes)
         key = digest(flat)
         i = index.get(key)
         if i is None:
@@ -317,85 +310,6 @@ def _plan(
         states[i].by_model.setdefault(c.model, c)
         per_model[c.model].add(i)
     return states, {m: len(s) for m, s in per_model.items()}
-
-
-def _run_checks(
-    states: Sequence[_State],
-    chosen: Sequence[int],
-    check: Check,
-    *,
-    root: Path,
-    scratch: Path,
-    jobs: int,
-    timeout: float | None,
-    cwd: str | None,
-    env: Mapping[str, str] | None,
-    show: bool,
-) -> dict[int, Outcome]:
-    if jobs == 1:
-        shows = [Materializer(root)]
-    else:
-        remove(root)
-        root.mkdir()  # the mount point each private namespace binds its state over
-        shows = [Materializer(scratch / f"state{j}") for j in range(jobs)]
-    free = list(range(jobs))
-    running: dict[int, tuple[Running, int]] = {}
-    outcomes: dict[int, Outcome] = {}
-    failing = 0
-
-    def reap() -> None:
-        nonlocal failing
-        for slot, (r, i) in list(running.items()):
-            outcome = r.poll()
-            if outcome is not None:
-                outcomes[i] = outcome
-                failing += outcome.status != 0
-                del running[slot]
-                free.append(slot)
-                if show:
-                    print(
-                        f"\ratomic-ckpt audit: checked {len(outcomes)}/{len(chosen)} states, "
-                        f"{failing} failing",
-                        end="",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-
-    try:
-        for i in chosen:
-            while not free:
-                reap()
-                if not free:
-                    time.sleep(0.002)
-            slot = free.pop()
-            shows[slot].show(states[i].flat)
-            running[slot] = (
-                start(
-                    check,
-                    shown_at=shows[slot].target,
-                    root=root,
-                    output=scratch / f"check{slot}.log",
-                    cwd=cwd,
-                    env=env,
-                    timeout=timeout,
-                ),
-                i,
-            )
-            if jobs == 1:  # the next state replaces this one at the same path
-                while running:
-                    reap()
-                    if running:
-                        time.sleep(0.001)
-        while running:
-            reap()
-            if running:
-                time.sleep(0.002)
-    finally:
-        for r, _ in running.values():
-            r.kill()
-        if show:
-            print(file=sys.stderr)
-    return outcomes
 
 
 def _listing(flat: _Flat) -> tuple[str, ...]:

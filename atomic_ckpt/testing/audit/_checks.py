@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from atomic_ckpt.testing._states import _Flat
+from atomic_ckpt.testing.audit._materialize import Materializer, remove
 from atomic_ckpt.testing.audit._procs import end_group
 
 Check = str | Sequence[str] | Callable[[Path], object]
@@ -204,3 +206,84 @@ def _bind_privately(source: Path, target: Path) -> None:
         raise OSError(ctypes.get_errno(), "making / private failed")
     if libc.mount(os.fsencode(source), os.fsencode(target), None, _MS_BIND, None) != 0:
         raise OSError(ctypes.get_errno(), f"bind-mounting {source} over {target} failed")
+
+
+def run_checks(
+    states: Sequence[_Flat],
+    chosen: Sequence[int],
+    check: Check,
+    *,
+    root: Path,
+    scratch: Path,
+    jobs: int,
+    timeout: float | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    show: bool,
+) -> dict[int, Outcome]:
+    """Check the ``chosen`` states at ``root``, ``jobs`` at a time (each of several in a
+    private mount namespace, its state bind-mounted over ``root``); outcome by index."""
+    if jobs == 1:
+        shows = [Materializer(root)]
+    else:
+        remove(root)
+        root.mkdir()  # the mount point each private namespace binds its state over
+        shows = [Materializer(scratch / f"state{j}") for j in range(jobs)]
+    free = list(range(jobs))
+    running: dict[int, tuple[Running, int]] = {}
+    outcomes: dict[int, Outcome] = {}
+    failing = 0
+
+    def reap() -> None:
+        nonlocal failing
+        for slot, (r, i) in list(running.items()):
+            outcome = r.poll()
+            if outcome is not None:
+                outcomes[i] = outcome
+                failing += outcome.status != 0
+                del running[slot]
+                free.append(slot)
+                if show:
+                    print(
+                        f"\ratomic-ckpt audit: checked {len(outcomes)}/{len(chosen)} states, "
+                        f"{failing} failing",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+    try:
+        for i in chosen:
+            while not free:
+                reap()
+                if not free:
+                    time.sleep(0.002)
+            slot = free.pop()
+            shows[slot].show(states[i])
+            running[slot] = (
+                start(
+                    check,
+                    shown_at=shows[slot].target,
+                    root=root,
+                    output=scratch / f"check{slot}.log",
+                    cwd=cwd,
+                    env=env,
+                    timeout=timeout,
+                ),
+                i,
+            )
+            if jobs == 1:  # the next state replaces this one at the same path
+                while running:
+                    reap()
+                    if running:
+                        time.sleep(0.001)
+        while running:
+            reap()
+            if running:
+                time.sleep(0.002)
+    finally:
+        for r, _ in running.values():
+            r.kill()
+        if show:
+            print(file=sys.stderr)
+    return outcomes

@@ -62,6 +62,34 @@ def hard_linked(tree: Path) -> list[str]:
     return sorted(found)
 
 
+_SPECIAL = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def refuse_special(tree: Path, root: str) -> None:
+    """Refuse (:class:`AuditError`) a tree holding nodes that are no regular file,
+    directory or symlink, naming each: the crash states hold only those three, and copying
+    a FIFO would block until a writer opens it (found by ``lstat`` alone: none is opened)."""
+    found: list[str] = []
+    for folder, dirs, files in os.walk(tree):
+        for name in sorted(dirs + files):
+            full = os.path.join(folder, name)
+            what = _SPECIAL.get(stat.S_IFMT(os.lstat(full).st_mode))
+            if what is not None:
+                found.append(f"{os.path.relpath(full, tree)} is {what}")
+    if found:
+        more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+        raise AuditError(
+            f"{root} holds what a crash state cannot: {'; '.join(found[:5])}{more}. The "
+            f"crash states hold regular files, directories and symlinks only, and the "
+            f"audit never opens such a node; move it out of {root}, then audit again"
+        )
+
+
 class Materializer:
     """Shows crash states at ``target``, one at a time, incrementally.
 

@@ -50,7 +50,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "mkdir": (MODELLED, "a new directory entry"),
     "mkdirat": (MODELLED, "as mkdir"),
     "mknod": (REFUSED, "a device, FIFO or socket node: the crash states hold files only"),
-    "mknodat": (REFUSED, "as mknod"),
+    "mknodat": (REFUSED, "as mknod (mkfifo is mknodat)"),
     "rmdir": (MODELLED, "the entry removed"),
     "unlink": (MODELLED, "the entry removed"),
     "unlinkat": (MODELLED, "as unlink (AT_REMOVEDIR: rmdir)"),

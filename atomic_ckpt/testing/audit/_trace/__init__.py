@@ -46,8 +46,9 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
         for call in in_canonical_order(calls):
             how, why = TABLE.get(call.name, ("", "not in the audit's allow-list"))
             if how not in (MODELLED, IGNORED):
-                if call.name in WORKLOAD_WIDE or self._touches(call):
-                    self._refuse(call, why)
+                touched = self._touched(call)  # named in the refusal: the FIFO, say
+                if call.name in WORKLOAD_WIDE or touched is not None:
+                    self._refuse(call, why, touched)
                 continue
             if call.ret is None or how == IGNORED:
                 continue

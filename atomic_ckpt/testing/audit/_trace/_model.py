@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from atomic_ckpt.testing._mirror import _UNIVERSE, _Mirror
 from atomic_ckpt.testing._sparse import Buffer, Data, cut, freeze, put, text, thaw, zero
+from atomic_ckpt.testing._writes import coalesce, replay
 from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, unescape
 
 _PROC_ALIAS = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/(cwd|root|fd/\d+)(/|$)")
@@ -123,16 +124,17 @@ class _Replay(_Mirror):
             (path or call.name, f"cannot rebuild: {call.name} (trace line {call.line}): {why}")
         )
 
-    def _touches(self, call: Call) -> bool:
-        """Whether any argument of ``call`` names a path or descriptor under the root."""
+    def _touched(self, call: Call) -> str | None:
+        """The first path under the root that an argument of ``call`` names (as a path or
+        a descriptor), relative to it (``.``: the root); None if it names none."""
         for arg in call.args:
-            decoration = fd_arg(arg)[1]
-            if decoration is not None and self._rel(decoration) is not None:
-                return True
-            quoted = arg.startswith('"')
-            if quoted and self._rel(self._absolute(call.tid, None, unescape(arg))) is not None:
-                return True
-        return call.ret_path is not None and self._rel(call.ret_path) is not None
+            rel = self._rel(fd_arg(arg)[1])
+            if rel is None and arg.startswith('"'):
+                rel = self._rel(self._absolute(call.tid, None, unescape(arg)))
+            if rel is not None:
+                return self._name_of(rel)
+        rel = self._rel(call.ret_path)
+        return None if rel is None else self._name_of(rel)
 
     # ---- paths
 
@@ -236,22 +238,7 @@ class _Replay(_Mirror):
         if run is None:
             return
         data = freeze(self.content[run.inode])
-        torn = thaw(run.before)
-        half, done = run.written // 2, 0
-        for kind, offset, payload, length in run.events:
-            if kind == "truncate":
-                torn = cut(torn, offset)
-                continue
-            if kind == "zero":
-                take_zero = min(length, max(0, half - done))
-                torn = zero(torn, offset, take_zero)
-                done += take_zero
-            else:
-                take = payload[: max(0, half - done)] if done + len(payload) > half else payload
-                torn = put(torn, offset, take)
-                done += len(take)
-            if done >= half:
-                break
+        writes = coalesce(run.events)
         name = self._inode_names.get(run.inode, "?")
         what = f"{run.calls} write call{'s' if run.calls != 1 else ''}, {run.written} bytes"
         self.emit(
@@ -260,7 +247,8 @@ class _Replay(_Mirror):
             f"write {name} ({what}; now {len(data)} bytes)",
             data=data,
             by="traced",
-            torn=freeze(torn) if run.written else data,
+            torn=replay(run.before, writes, data, "torn") if run.written else data,
+            writes=writes,
         )
 
     def _op(
@@ -339,8 +327,8 @@ class _Replay(_Mirror):
         if run is None:
             return
         self._run = None
-        self.emit("data", inode, description, data=freeze(self.content[inode]), by="traced")
-        del run
+        data = freeze(self.content[inode])
+        self.emit("data", inode, description, data=data, by="traced", writes=coalesce(run.events))
 
     def _truncated(self, inode: int | None, rel: str, length: int, name: str) -> None:
         if inode is None or self.inodes[inode].kind != "file":
