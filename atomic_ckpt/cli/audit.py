@@ -134,6 +134,34 @@ def _function(spec: str) -> Callable[[Path], object]:
     return checked
 
 
+def _json_target(spec: str, root: str) -> Path:
+    """Check up front that the report can be written to ``spec`` (opened for appending,
+    which creates it and truncates nothing), so that an unwritable path is an error before
+    the workload is recorded, not after every state was checked. A file this check
+    creates is removed again: the audit may still fail."""
+    path = Path(spec)
+    inside = os.path.realpath(path)
+    top = os.path.realpath(root)
+    if inside == top or inside.startswith(top.rstrip(os.sep) + os.sep):
+        raise AuditError(
+            f"--json {spec} is inside the audited directory {root}, which the audit moves "
+            f"aside and replaces with each crash state; write the report elsewhere"
+        )
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise AuditError(
+            f"--json {spec} cannot be written ({why}); give a path in a writable "
+            f"directory (nothing was recorded)"
+        ) from None
+    if not existed:
+        path.unlink()
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the audit the parsed ``args`` describe; print the report; return the exit status."""
     workload = list(args.workload)
@@ -145,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     try:
+        json_path = None if args.json is None else _json_target(args.json, args.root)
         check = args.check if args.check is not None else _function(args.check_python)
         report = audit(
             workload,
@@ -172,6 +201,14 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     print(report.render(limit=args.show))
-    if args.json:
-        Path(args.json).write_text(report.to_json() + "\n")
+    if json_path is not None:
+        try:
+            json_path.write_text(report.to_json() + "\n")
+        except OSError as exc:  # it could be written when the audit began
+            print(
+                f"atomic-ckpt audit: error: the verdict is above, but --json {args.json} "
+                f"could not be written ({exc.strerror or type(exc).__name__})",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
     return EXIT_CLEAN if report.ok else EXIT_VIOLATIONS
