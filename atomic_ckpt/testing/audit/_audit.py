@@ -35,8 +35,9 @@ from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 POWER_SAMPLING = (
-    "power: each unsynced write's fate is its own (one-file deviations built in full, "
-    "then 16 random mixes per crash point drawn with seed {seed}; other mixes unchecked)"
+    "power: each unsynced write's fate is its own (one-file and one-write deviations built "
+    "in full, 8 writes per file at most; then 16 random mixes per crash point drawn with "
+    "seed {seed}; other mixes unchecked)"
 )
 
 _CONTEXT = 4
