@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import operator
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +32,13 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from atomic_ckpt import Checkpoint, CheckpointDir, VerifiedCheckpoint
-from atomic_ckpt.torch import _frozen
+from atomic_ckpt.torch import _frozen, _verified
 from atomic_ckpt.torch._bytes import (
     _failed,
     _load_pickle,
     _mapped,
     _safetensors_tensors,
     _unmap,
-    _ViewReader,
 )
 
 __all__ = [
@@ -207,25 +207,25 @@ def load_state(
     verified load reads it: an unverified load is never the slower one). Raises
     FileNotFoundError if the checkpoint lacks a file for an object you passed. Given a
     :class:`~atomic_ckpt.VerifiedCheckpoint` (from ``CheckpointDir.resume_verified``
-    with :data:`STATE_FILES`), every file is loaded
-    from the very mapping it was hashed through, never by its path (which may hold
-    another save by now): each byte comes from storage once, and only verified bytes
-    are loaded. A file the load needs that the VerifiedCheckpoint did not keep is a
-    ValueError naming it.
+    with :data:`STATE_FILES`), every file is loaded from the mapping it was hashed
+    through, never by its path (which may hold another save by now) nor through a
+    symlink; the pickles and the JSON from a copy hashed again (``docs/guides/
+    guarantees.md``). A file the load needs that it did not keep is a ValueError naming
+    it; a symlink in its place (or a legacy marker) a VerificationError.
     """
     names = _pickled(optimizer, scheduler)
     if isinstance(checkpoint, VerifiedCheckpoint):
-        path, read = checkpoint.checkpoint.path, checkpoint.files
-        _require_views(read, [MODEL_FILE, STATE_FILE, *names], path)
-        pickles = _Pickles(path, names, device, views=read)
+        _verified.require(checkpoint, [MODEL_FILE, STATE_FILE, *names])
+        path, verified = checkpoint.checkpoint.path, checkpoint
+        pickles = _Pickles(path, names, device, verified=checkpoint)
     else:
         path = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
-        read = {}
+        verified = None
         pickles = _Pickles(path, names, device)
     with pickles:
         return _load(
             path,
-            read,
+            verified,
             pickles,
             model=model,
             optimizer=optimizer,
@@ -269,15 +269,18 @@ def resume(
     guess = ckpts.resume_point(fresh=fresh)  # the newest: verified next, likely the one
     if guess is None:
         return None
-    with _Pickles(guess.path, _pickled(optimizer, scheduler), device) as early:
+    names = _pickled(optimizer, scheduler)
+    algorithm = guess.manifest.checksum
+    with _Pickles(guess.path, names, device, early=True, algorithm=algorithm) as early:
         verified = ckpts.resume_verified(STATE_FILES, fresh=fresh)
         if verified is None:
             return None
+        _verified.require(verified, [MODEL_FILE, STATE_FILE, *names])
         path = verified.checkpoint.path
-        if early.opened_what(path):  # the files deserialized early are the ones hashed
+        if early.read_what(verified):  # the bytes deserialized early are the ones hashed
             return _load(
                 path,
-                verified.files,
+                verified,
                 early,
                 model=model,
                 optimizer=optimizer,
@@ -290,18 +293,6 @@ def resume(
     )
 
 
-def _require_views(read: Mapping[str, memoryview], names: Collection[str], path: Path) -> None:
-    """ValueError unless the verified views hold every file of ``names``: a verified
-    load never falls back to reading a path it did not hash."""
-    lacking = [n for n in names if n not in read]
-    if lacking:
-        raise ValueError(
-            f"the verified checkpoint {path} kept no verified bytes of {', '.join(lacking)}: "
-            "a verified load reads only what it hashed. Pass those files (or STATE_FILES) "
-            "to resume_verified(), or load the Checkpoint unverified"
-        )
-
-
 def _pickled(optimizer: _Stateful | None, scheduler: _Stateful | None) -> list[str]:
     """The ``torch.save`` files a load of these objects needs."""
     return [n for n, o in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)) if o]
@@ -309,7 +300,7 @@ def _pickled(optimizer: _Stateful | None, scheduler: _Stateful | None) -> list[s
 
 def _load(
     path: Path,
-    read: Mapping[str, memoryview],
+    verified: VerifiedCheckpoint | None,
     pickles: _Pickles,
     *,
     model: torch.nn.Module,
@@ -318,9 +309,18 @@ def _load(
     strict: bool,
     device: str,
 ) -> TrainingState:
-    """Load into the objects: the model from ``read`` (else its file, mapped), the rest from
-    ``pickles`` (being deserialized meanwhile) and the JSON from ``read`` (else its file)."""
-    both = _frozen.read_state(path, read, MODEL_FILE, device)
+    """Load into the objects: the model from the verified views (else its file, mapped), the
+    rest from ``pickles`` and the JSON from a checked copy (else its file); verified,
+    nothing is loaded before the pickles' and the JSON's bytes are found to be hashed."""
+    if verified is not None:
+        read = verified.files
+        raw = _verified.copy(verified, STATE_FILE)
+        pickles.checked()
+        require = functools.partial(_verified.require, verified)
+        both = _frozen.read_state(path, read, MODEL_FILE, device, require=require)
+    else:
+        read, raw = {}, (path / STATE_FILE).read_bytes()
+        both = _frozen.read_state(path, read, MODEL_FILE, device)
     if both is not None:
         _frozen.load_into(model, both, strict=strict)
     elif MODEL_FILE in read:
@@ -336,7 +336,6 @@ def _load(
         optimizer.load_state_dict(pickles.result(OPTIMIZER_FILE))
     if scheduler is not None:
         scheduler.load_state_dict(pickles.result(SCHEDULER_FILE))
-    raw = bytes(read[STATE_FILE]) if STATE_FILE in read else (path / STATE_FILE).read_bytes()
     doc = json.loads(raw)
     return TrainingState(
         step=int(doc["step"]),
@@ -347,13 +346,15 @@ def _load(
 
 
 class _Pickles:
-    """``torch.save`` files of one directory, opened at once and deserialized on a thread
+    """``torch.save`` files of one checkpoint, deserialized on a thread
     (``weights_only=True``), so that their reading overlaps the model's (and a verify's).
 
-    The files are opened when this is made: :meth:`opened_what` then tells whether a
-    directory still holds those very files (same inodes), i.e. whether what was
-    deserialized is what a verify of that directory hashed. Leaving the block waits for
-    the thread (a result nobody asked for is dropped, its error too).
+    Unverified, each file is opened at once and read by the thread. ``verified``: each
+    one's bytes are copied out of its hashed view and checked again (``_verified.copy``).
+    ``early`` (before a verify checksumming with ``algorithm``): each is read whole (never
+    through a link) and hashed; :meth:`read_what` then tells, by the digests, whether the
+    bytes deserialized are the ones the verify hashed. Leaving the block waits for the
+    thread (a result nobody asked for is dropped, its error too).
     """
 
     def __init__(
@@ -362,17 +363,26 @@ class _Pickles:
         names: Collection[str],
         device: str,
         *,
-        views: Mapping[str, memoryview] | None = None,
+        verified: VerifiedCheckpoint | None = None,
+        early: bool = False,
+        algorithm: str | None = None,
     ) -> None:
         self._files: dict[str, BinaryIO] = {}
+        self._digests: dict[str, Future[_verified.Digest]] = {}
         self._futures: dict[str, Future[dict[str, Any]]] = {}
+        self._directory = directory
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="atomic_ckpt-load")
         for name in names:
-            if views is not None:  # verified: from the views hashed, never the path
-                reader = _ViewReader(views[name])
-                self._futures[name] = self._pool.submit(
-                    _load_pickle, reader, directory / name, device
+            if verified is not None or early:
+                digest: Future[_verified.Digest] = Future()
+                self._digests[name] = digest
+                read = (
+                    functools.partial(_verified.read_file, directory / name, algorithm)
+                    if verified is None
+                    else functools.partial(_verified.copied, verified, name)
                 )
+                task = functools.partial(_read_then_load, read, digest, directory / name, device)
+                self._futures[name] = self._pool.submit(task)
                 continue
             try:
                 # Never through a symlink: a verify maps regular files only.
@@ -387,22 +397,20 @@ class _Pickles:
         """The state dict of ``name``; its error (FileNotFoundError for a missing file)."""
         return self._futures[name].result()
 
-    def opened_what(self, directory: Path) -> bool:
-        """Whether ``directory`` holds, now, every file this opened (and lacks those it
-        could not open): then no other file can have been hashed there meanwhile, since
-        an inode held open is never reused."""
-        for name, future in self._futures.items():
-            f = self._files.get(name)
-            try:
-                now = os.stat(directory / name, follow_symlinks=False)
-            except FileNotFoundError:
-                if f is None and isinstance(future.exception(), FileNotFoundError):
-                    continue
-                return False
-            if f is None:
-                return False
-            then = os.fstat(f.fileno())
-            if (now.st_dev, now.st_ino) != (then.st_dev, then.st_ino):
+    def checked(self) -> None:
+        """Wait until every file's bytes were read (and, verified, checked): their error."""
+        for digest in self._digests.values():
+            digest.result()
+
+    def read_what(self, verified: VerifiedCheckpoint) -> bool:
+        """Whether the files read early are, by their size and checksum, the ones the
+        manifest of ``verified`` records (so the bytes deserialized are verified bytes)."""
+        if verified.checkpoint.path != self._directory:
+            return False
+        for name, digest in self._digests.items():
+            if digest.exception() is not None or digest.result()[2] is None:
+                return False  # (no checksum to compare: the views' copies are loaded)
+            if not _verified.matches(verified, name, digest.result()):
                 return False
         return True
 
@@ -413,6 +421,22 @@ class _Pickles:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for f in self._files.values():
             f.close()
+
+
+def _read_then_load(
+    read: Callable[[], tuple[bytes, _verified.Digest]],
+    digest: Future[_verified.Digest],
+    path: Path,
+    device: str,
+) -> dict[str, Any]:
+    """A pickle's bytes read (``digest`` set, or its error), then deserialized from them."""
+    try:
+        data, found = read()
+    except BaseException as exc:
+        digest.set_exception(exc)
+        raise
+    digest.set_result(found)
+    return _load_pickle(io.BytesIO(data), path, device)
 
 
 def _load_model_bytes(

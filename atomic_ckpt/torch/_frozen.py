@@ -341,16 +341,24 @@ def merged(first: Tensors, second: Tensors, path: Path) -> Tensors:
 
 
 def read_state(
-    path: Path, read: Mapping[str, memoryview], model_name: str, device: str
+    path: Path,
+    read: Mapping[str, memoryview],
+    model_name: str,
+    device: str,
+    *,
+    require: Callable[[list[str]], None] | None = None,
 ) -> Tensors | None:
     """The state of a checkpoint whose model file names a frozen file: both files' tensors
     (from the verified views ``read`` if they hold the model file, else from the files);
-    None if the model file names no frozen file (load it alone, as before)."""
+    None if the model file names no frozen file (load it alone, as before). ``require``:
+    called with ``[FROZEN_FILE]`` if ``read`` lacks it, to raise why (a verified load's)."""
     if model_name in read:
         view = read[model_name]
         if frozen_of(_metadata_or_none(view), path / model_name) is None:
             return None
         if FROZEN_FILE not in read:
+            if require is not None:
+                require([FROZEN_FILE])
             raise ValueError(
                 f"the verified checkpoint {path} kept no verified bytes of {FROZEN_FILE}, "
                 f"which its {model_name} needs: a verified load reads only what it hashed. "
