@@ -238,6 +238,13 @@ class AzureStore(Store):
     # ------------------------------------------------------------ objects
 
     def upload(self, files: Sequence[Upload]) -> dict[str, str]:
+        bad = [f.key.partition("/")[2].partition("/")[2] for f in files if "\\" in f.key]
+        if bad:  # the service reads a backslash in a blob's name as "/"
+            raise ValueError(
+                f"{self.url}: Azure Blob Storage stores a '\\' in a blob name as '/', so "
+                f"'{bad[0]}' could not be found again under its name: rename it"
+                + (f" (and {len(bad) - 1} more)" if bad[1:] else "")
+            )
         small = [(f,) for f in files if f.size < self.multipart_threshold]
         out = dict(run_parallel(self._put, small, self.concurrency))
         for f in files:  # each large one's blocks in parallel

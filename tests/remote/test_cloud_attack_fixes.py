@@ -129,3 +129,19 @@ def test_a_404_listing_from_something_that_is_no_container_is_no_missing_checkpo
         with pytest.raises(NoSuchBucketError, match="container 'c'") as caught:
             call()
         assert not isinstance(caught.value, FileNotFoundError), what
+
+
+def test_an_azure_file_name_with_a_backslash_is_refused_before_its_upload(
+    az_server: Emulator, tmp_path: Path
+) -> None:
+    """Azure Blob Storage (and Azurite) store a blob named ``a\\b`` as ``a/b``: such a file
+    could never be found again under its name. The commit is refused with a ValueError
+    naming the file and what to do before anything is uploaded; the step keeps what it had."""
+    rdir = fast_root(az_server, f"az://{az_server.new_bucket()}/run", tmp_path)
+    with rdir.commit(1) as path:
+        (path / "w").write_bytes(b"old")
+    before = rdir._store.find("")
+    with pytest.raises(ValueError, match=r"bs\\x.*rename it"), rdir.commit(1) as path:
+        (path / "bs\\x").write_bytes(b"new")
+    assert rdir._store.find("") == before
+    assert rdir.get(1).manifest.file_count == 1
