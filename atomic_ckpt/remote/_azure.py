@@ -159,17 +159,22 @@ class AzureStore(Store):
     def _blob(self, key: str) -> Any:
         return self.container.get_blob_client(self._key(key))
 
-    def _call(self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False) -> Any:
+    def _call(
+        self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False, listing: bool = False
+    ) -> Any:
         """``fn()`` with the client's errors as this library's: None for a missing blob
-        (``missing_ok``), NoSuchBucketError, PermissionError, OSError."""
+        (``missing_ok``), NoSuchBucketError, PermissionError, OSError. A ``listing`` (of
+        the container) that is not found means no container, whatever the error code
+        (a wrong endpoint answers 404 without ``ContainerNotFound``)."""
         exc = _A["exc"]
         try:
             return fn()
         except exc.ResourceNotFoundError as err:
-            if str(getattr(err, "error_code", "")).endswith("ContainerNotFound"):
+            code = str(getattr(err, "error_code", ""))
+            if listing or code.endswith("ContainerNotFound"):
                 raise NoSuchBucketError(
                     f"{self.url}: the container {self.container_name!r} does not exist at "
-                    f"{self.fs.url}: create it, or check the URL and the account",
+                    f"{self.fs.url}: create it, or check the URL, the account and the endpoint",
                     path=None,
                 ) from err
             if missing_ok:
@@ -192,6 +197,13 @@ class AzureStore(Store):
         )
 
     # ------------------------------------------------------------ the commit point
+
+    def conditional_path(self, size: int) -> str:
+        # upload_blob's rule: past max_single_put_size, staged blocks and a Put Block List.
+        limit = getattr(getattr(self.fs, "_config", None), "max_single_put_size", 64 << 20)
+        if size > limit:
+            return f"staged blocks and a Put Block List (over {limit} bytes)"
+        return "Put Blob"
 
     def create(self, key: str, data: bytes) -> str:
         def go() -> Any:
@@ -226,6 +238,13 @@ class AzureStore(Store):
     # ------------------------------------------------------------ objects
 
     def upload(self, files: Sequence[Upload]) -> dict[str, str]:
+        bad = [f.key.partition("/")[2].partition("/")[2] for f in files if "\\" in f.key]
+        if bad:  # the service reads a backslash in a blob's name as "/"
+            raise ValueError(
+                f"{self.url}: Azure Blob Storage stores a '\\' in a blob name as '/', so "
+                f"'{bad[0]}' could not be found again under its name: rename it"
+                + (f" (and {len(bad) - 1} more)" if bad[1:] else "")
+            )
         small = [(f,) for f in files if f.size < self.multipart_threshold]
         out = dict(run_parallel(self._put, small, self.concurrency))
         for f in files:  # each large one's blocks in parallel
@@ -275,7 +294,7 @@ class AzureStore(Store):
                 return list(self.container.walk_blobs(name_starts_with=start, delimiter="/"))
             return list(self.container.list_blobs(name_starts_with=start, include=include))
 
-        out: list[Any] = self._call(f"listing of {prefix or 'the root'}", go)
+        out: list[Any] = self._call(f"listing of {prefix or 'the root'}", go, listing=True)
         return out
 
     def find(self, prefix: str) -> dict[str, ObjectInfo]:

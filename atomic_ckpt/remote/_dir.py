@@ -108,7 +108,6 @@ class RemoteCheckpointDir:
         self._staging_dir = Path(staging_dir) if staging_dir is not None else None
         self._grace = float(grace)
         self._workers = workers
-        self._probed = False
 
     def __repr__(self) -> str:
         return f"RemoteCheckpointDir({self.url!r}, prefix={self._prefix!r})"
@@ -219,10 +218,9 @@ class RemoteCheckpointDir:
 
     def check_conditional_writes(self) -> None:
         """Probe the store once (later calls return at once): UnsupportedStoreError if it
-        does not honour create-only and If-Match writes."""
-        if not self._probed:
-            _protocol.require_conditional_writes(self._store, uuid.uuid4().hex)
-            self._probed = True
+        does not honour create-only and If-Match writes. A commit whose manifest goes
+        through another request (a large one: see the guide) probes that one first."""
+        _protocol.require_conditional_writes(self._store, uuid.uuid4().hex)
 
     def begin(
         self,

@@ -51,6 +51,7 @@ def load_gcs() -> None:
         return
     try:
         _G["storage"] = importlib.import_module("google.cloud.storage")
+        _G["blob"] = importlib.import_module("google.cloud.storage.blob")
         _G["exc"] = importlib.import_module("google.api_core.exceptions")
         _G["retry"] = importlib.import_module("google.cloud.storage.retry")
         _G["credentials"] = importlib.import_module("google.auth.credentials")
@@ -217,7 +218,8 @@ class GCSStore(Store):
 
     def _conditional(self, key: str, data: bytes, generation: int) -> str:
         blob = self.bucket.blob(self._key(key))
-        # upload_from_string: a multipart upload (resumable past 8 MiB), never uploadType=media.
+        # upload_from_string: a multipart upload (resumable past 8 MiB, which
+        # conditional_path tells the probe), never uploadType=media.
         self._call(
             f"conditional write of {key}",
             lambda: blob.upload_from_string(
@@ -229,6 +231,13 @@ class GCSStore(Store):
             ),
         )
         return str(blob.generation)
+
+    def conditional_path(self, size: int) -> str:
+        # The client's own rule (Blob._do_upload): past this size, a resumable upload.
+        limit = getattr(_G["blob"], "_MAX_MULTIPART_SIZE", 8 << 20)
+        if size > limit:
+            return f"resumable uploads (over {limit} bytes)"
+        return "multipart uploads"
 
     def create(self, key: str, data: bytes) -> str:
         return self._conditional(key, data, 0)

@@ -178,12 +178,18 @@ def step_names(store: Store, prefix: str) -> list[tuple[int, str]]:
 # ---------------------------------------------------------------- committing
 
 
-def require_conditional_writes(store: Store, token: str) -> None:
-    """Refuse (UnsupportedStoreError) a store that does not honour conditional writes."""
-    why = store.probe(f"{PROBE_DIR}/{token}")
+def require_conditional_writes(store: Store, token: str, size: int = 0) -> None:
+    """Refuse (UnsupportedStoreError) a store that does not honour conditional writes of
+    ``size`` bytes: probed once per way the store's client sends them
+    (:meth:`Store.conditional_path`)."""
+    way = store.conditional_path(size)
+    if way in store.probed:
+        return
+    why = store.probe(f"{PROBE_DIR}/{token}", size)
     if why is not None:
         raise UnsupportedStoreError(
-            f"{store.url} does not honour conditional writes: {why}. Without them two "
+            f"{store.url} does not honour conditional writes"
+            f"{f' sent as {way}' if way else ''}: {why}. Without them two "
             "writers can both believe they committed a step, and a retried commit can "
             "replace a newer one, so atomic_ckpt refuses to commit here. Use a store "
             "that enforces them (AWS S3 since 2024 and recent S3-compatible servers: "
@@ -191,6 +197,7 @@ def require_conditional_writes(store: Store, token: str) -> None:
             "Azure Blob Storage: If-None-Match/If-Match), or a local CheckpointDir",
             path=None,
         )
+    store.probed.add(way)
 
 
 def publish(
@@ -223,6 +230,9 @@ def publish(
     )
     data = manifest.to_bytes()
     files = [Upload(staging / e.path, prefix + e.path, e.size) for e in entries if e.type == "file"]
+    # 0. The probe has checked the request this manifest's write goes through (a large
+    # one may go another way than the first probe's).
+    require_conditional_writes(store, attempt, len(data))
     try:
         # 1. Upload every file under the attempt's prefix, in parallel.
         uploaded = store.upload(files)

@@ -85,6 +85,8 @@ class Store(ABC):
         self.url = url.rstrip("/")
         self.fs = fs
         self.root = root.strip("/")
+        self.probed: set[str] = set()
+        """The :meth:`conditional_path` values the probe has found enforced."""
 
     def path(self, key: str) -> str:
         """The fsspec path of ``key``."""
@@ -111,29 +113,41 @@ class Store(ABC):
     wrong_etag = '"0123456789abcdef0123456789abcdef"'
     """An ETag no object has: the probe's replace conditional on it must fail."""
 
-    def probe(self, key: str) -> str | None:
+    def conditional_path(self, size: int) -> str:
+        """The request a conditional write of ``size`` bytes goes through ("" when every
+        size goes the same way). A client may send a large write another way than a small
+        one (GCS: a resumable upload past the multipart limit; Azure: staged blocks past
+        ``max_single_put_size``): the probe must have checked each way before it is used."""
+        return ""
+
+    def probe(self, key: str, size: int = 0) -> str | None:
         """Why conditional writes cannot be trusted here, or None if they work.
 
         Writes ``key`` create-only twice (the second must fail), replaces it with a
-        wrong ETag (must fail) and with the right one (must succeed), then deletes it.
+        wrong ETag (must fail) and with the right one (must succeed), then deletes it;
+        each write ``size`` bytes long (so it goes the way a write that size goes).
         """
+
+        def payload(n: int) -> bytes:
+            return f"probe {n}\n".encode().ljust(size, b".")
+
         try:
-            etag = self.create(key, b"probe 1\n")
+            etag = self.create(key, payload(1))
             try:
-                self.create(key, b"probe 2\n")
+                self.create(key, payload(2))
             except PreconditionFailed:
                 pass
             else:
                 return f"a create-only write ({self.create_condition}) overwrote an existing object"
             try:
-                self.replace(key, b"probe 3\n", self.wrong_etag)
+                self.replace(key, payload(3), self.wrong_etag)
             except PreconditionFailed:
                 pass
             else:
                 return (
                     f"a write conditional on a wrong ETag ({self.replace_condition}) was accepted"
                 )
-            self.replace(key, b"probe 4\n", etag)
+            self.replace(key, payload(4), etag)
             return None
         except PreconditionFailed:
             return (
