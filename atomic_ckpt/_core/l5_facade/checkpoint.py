@@ -25,7 +25,6 @@ from atomic_ckpt._core.l3_formats.tree import DEFAULT_WORKERS, list_tree, sync_f
 from atomic_ckpt._core.l4_protocol import adopt as _adopt
 from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import carry as _carry
-from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import joining as _joining
@@ -281,7 +280,8 @@ class CheckpointDir(Reading, TrainerOps):
         ``docs/guides/incremental.md``); what was linked is logged at INFO.
         """
         if join:
-            outer = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
+            number = check_step(step)
+            outer = _joining.find_join(self._root, self._root.name_of(number), number)
             if outer is not None:
                 options = {"metadata": metadata, "aliases": aliases, "retain": retain}
                 with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
