@@ -124,6 +124,7 @@ class Commit(JoinedBlocks):
         self.deduped: dict[str, Literal["reflink", "hardlink"]] = {}
         """Once published: the files :attr:`dedup` linked (relative path -> how)."""
         self._block: int | None = None  # the thread whose with block it is, if any
+        self._opener = threading.get_ident()  # the thread that began it
         _joining.register(self)
 
     def __repr__(self) -> str:

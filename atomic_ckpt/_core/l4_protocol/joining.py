@@ -12,10 +12,10 @@ commit it joins (:func:`merge_options`).
 
 This process's open commits are registered here (:func:`open_commit`), and so are the
 ones that ended: a join is bound to the process that began the commit (a child forked
-inside it is refused), a join naming a commit that ended (published or aborted) is
-refused rather than committed alone (:func:`find_join`), and a second commit of a step
-already open in the same thread, without ``join=True``, is refused before it stages
-anything (:func:`refuse_nested`).
+inside it is refused), a join from another thread naming a commit that ended (published
+or aborted) is refused rather than committed alone (:func:`find_join`), and a second
+commit of a step whose ``with`` block is open in the same thread, without ``join=True``,
+is refused before it stages anything (:func:`refuse_nested`).
 """
 
 from __future__ import annotations
@@ -231,9 +231,9 @@ _OPEN: dict[tuple[Path, str], list[weakref.ref[Any]]] = {}
 so that a nested commit of a step ending leaves the outer one findable. After a fork the
 child holds its parent's: each commit records the process that began it."""
 
-_ENDED: collections.OrderedDict[tuple[Path, str], tuple[int, str]] = collections.OrderedDict()
-"""The commits that ended, by (root, directory name): (the process that began it,
-``published`` or ``aborted``). A new commit of the name drops its entry; the oldest go
+_ENDED: collections.OrderedDict[tuple[Path, str], tuple[int, int, str]] = collections.OrderedDict()
+"""The commits that ended, by (root, directory name): (the process and the thread that
+began it, ``published`` or ``aborted``). A new commit of the name drops its entry; the oldest go
 beyond :data:`ENDED_KEPT` (a late joiner is late by one save, not by thousands)."""
 
 ENDED_KEPT = 4096
@@ -259,7 +259,8 @@ def unregister(commit: Commit) -> None:
             _OPEN[key] = refs
         else:
             _OPEN.pop(key, None)
-        _ENDED[key] = (commit._pid, "published" if commit._promoted else "aborted")
+        how = "published" if commit._promoted else "aborted"
+        _ENDED[key] = (commit._pid, commit._opener, how)
         _ENDED.move_to_end(key)
         while len(_ENDED) > ENDED_KEPT:
             _ENDED.popitem(last=False)
@@ -283,10 +284,11 @@ def open_commit(root: Any, name: str) -> Commit | None:
 def find_join(root: Any, name: str, step: int | None) -> Commit | None:
     """The commit a ``join=True`` block of ``name`` joins: this process's newest open one
     (or one ending right now, which :meth:`JoinedBlocks.enter_join` refuses), or None if
-    there is none and never was. CommitStateError where there is none to join but a join
-    must not commit alone: a commit open in the parent of this forked process, or one of
-    this process that ended (published or aborted: the block would be committed alone,
-    holding only its part)."""
+    there is none to join and the block may commit alone. CommitStateError where it must
+    not: a commit open in the parent of this forked process, or one that ended (published
+    or aborted) and was begun by another thread or process: the block is a late part of
+    it, and would be committed alone. (The thread that began it may commit alone again:
+    the save function called by itself, as on a retry.)"""
     me = os.getpid()
     live = _live(root.path, name)
     mine = [c for c in live if c._pid == me]
@@ -308,11 +310,11 @@ def find_join(root: Any, name: str, step: int | None) -> Commit | None:
         )
     with _LOCK:
         ended = _ENDED.get((root.path, name))
-    if ended is None:
+    if ended is None or ended[:2] == (me, threading.get_ident()):
         return None
     refuse_rejoin(final, step)  # committed: the message names amend
-    pid, how = ended
-    by = "this process" if pid == me else f"process {pid} (this one was forked from it)"
+    pid, _, how = ended
+    by = "another thread" if pid == me else f"process {pid} (this one was forked from it)"
     raise CommitStateError(
         f"cannot join the commit of {what}: the one {by} opened has ended ({how}), and a "
         "block joining it now would be committed alone, holding only its part. Join "
