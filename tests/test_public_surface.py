@@ -24,6 +24,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "Commit",
         "CommitStateError",
         "CommitterClosedError",
+        "DiskFullError",
         "DistributedCommitError",
         "DistributedNotInitializedError",
         "Entry",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,23 @@ def amend_while(ckpts: CheckpointDir, step: int, meanwhile: Any = None, **kw: An
             meanwhile()
 
 
+def in_another_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` as another writer does: in another thread (a second commit of the step
+    nested in the amend's own thread is refused as a nested commit)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert errors == []
+
+
 def inodes_below(directory: Path) -> set[tuple[int, int]]:
     """(device, inode) of every regular file below ``directory``."""
     out = set()
@@ -65,7 +84,7 @@ def test_a_step_committed_again_during_the_amend_is_never_mixed(ckpts: Checkpoin
     committed(ckpts, 3, OLD)
     another = CheckpointDir(ckpts.root)
     with pytest.raises(StepConflictError, match="amend"):
-        amend_while(ckpts, 3, lambda: committed(another, 3, NEW))  # another writer wins
+        amend_while(ckpts, 3, lambda: in_another_thread(lambda: committed(another, 3, NEW)))
     assert contents(ckpts.verify(3).path) == NEW
     assert leftovers(ckpts.root) == []
 
@@ -81,7 +100,7 @@ def test_a_step_replaced_after_the_carry_over_is_not_promoted_over(
 
     def then_commit(*args: Any, **kwargs: Any) -> Any:
         out = real(*args, **kwargs)
-        committed(CheckpointDir(ckpts.root), 3, NEW)
+        in_another_thread(lambda: committed(CheckpointDir(ckpts.root), 3, NEW))
         hit.append(True)
         return out
 
@@ -104,7 +123,7 @@ def test_a_metadata_amend_by_another_writer_meanwhile_is_not_lost(ckpts: Checkpo
             pass
 
     with pytest.raises(StepConflictError):
-        amend_while(ckpts, 3, other_amend)
+        amend_while(ckpts, 3, lambda: in_another_thread(other_amend))
     assert ckpts.verify(3).manifest.metadata == {"best": True}
     assert contents(ckpts.path_of(3)) == OLD
 

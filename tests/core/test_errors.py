@@ -25,6 +25,7 @@ from atomic_ckpt import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointTimeoutError,
+    DiskFullError,
     DistributedCommitError,
     InvalidRootError,
     InvalidStepError,
@@ -261,7 +262,8 @@ def test_step_name_taken_during_the_save(committed: CheckpointDir) -> None:
 
 
 def test_enospc_raised_by_the_save_rolls_back(committed: CheckpointDir) -> None:
-    """ENOSPC from the save is re-raised as is; earlier checkpoints and the root stay intact."""
+    """ENOSPC from the save is raised as a DiskFullError (errno ENOSPC) chained from it;
+    earlier checkpoints and the root stay intact."""
     ckpts = committed
     full = OSError(errno.ENOSPC, "No space left on device")
 
@@ -270,9 +272,10 @@ def test_enospc_raised_by_the_save_rolls_back(committed: CheckpointDir) -> None:
         raise full
 
     for step in (2, 1):  # a new step, then a rewrite of the existing one
-        with pytest.raises(OSError, match="No space left") as info:
+        with pytest.raises(DiskFullError, match="No space left") as info:
             commit_with(ckpts, step, save)
-        assert info.value is full
+        assert info.value.__cause__ is full
+        assert info.value.errno == errno.ENOSPC
         assert_untouched(ckpts)
 
 
@@ -281,7 +284,8 @@ def test_enospc_raised_by_the_save_rolls_back(committed: CheckpointDir) -> None:
 def test_enospc_during_the_commit_protocol_rolls_back(
     committed: CheckpointDir, target: str, step: int
 ) -> None:
-    """ENOSPC from a durability syscall (fsync, the marker write) rolls back and is re-raised."""
+    """ENOSPC from a durability syscall (fsync, the marker write) rolls back and is raised
+    as a DiskFullError (errno ENOSPC) chained from it."""
     ckpts = committed
     full = OSError(errno.ENOSPC, "No space left on device")
     hits: list[tuple[Any, ...]] = []
@@ -292,12 +296,12 @@ def test_enospc_during_the_commit_protocol_rolls_back(
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(_fs, target, fail)
-        with pytest.raises(OSError, match="No space left") as info:
+        with pytest.raises(DiskFullError, match="No space left") as info:
             commit_with(
                 ckpts, step, lambda path: write(path, {"model.bin": b"new", "sub/d/o.pt": b"o"})
             )
     assert hits, f"the patched _fs.{target} was never called"
-    assert info.value is full
+    assert info.value.__cause__ is full
     assert info.value.errno == errno.ENOSPC
     assert_untouched(ckpts)
 
@@ -391,6 +395,7 @@ ERRORS: list[tuple[type[CheckpointError], type[BaseException]]] = [
     (ManifestError, ValueError),
     (VerificationError, OSError),
     (NotDurableError, OSError),
+    (DiskFullError, OSError),
     (CheckpointTimeoutError, TimeoutError),
     (DistributedCommitError, RuntimeError),
 ]

@@ -7,6 +7,7 @@ Every error carries the path or step it is about and pickles (so it survives a
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,33 @@ class NotDurableError(CheckpointError, OSError):
     """The checkpoint was promoted, but making the promotion durable failed."""
 
 
+class DiskFullError(CheckpointError, OSError):
+    """The disk (or the quota) filled up during a commit: ``errno`` is the original
+    ``ENOSPC`` (or ``EDQUOT``), the original error its cause. The commit was aborted and
+    its staging directory removed; every checkpoint committed before is untouched. Free
+    space (``prune``, ``clean()``, or a bigger disk), then save again."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        step: int | None = None,
+        code: int = errno.ENOSPC,
+    ) -> None:
+        super().__init__(message, path=path, step=step)
+        self.errno = code
+        self.strerror = os.strerror(code)
+        self.filename = None if path is None else str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_full, (str(self), self.path, self.step, self.errno), self.__dict__)
+
+
+def _rebuild_full(message: str, path: Path | None, step: int | None, code: int) -> DiskFullError:
+    return DiskFullError(message, path=path, step=step, code=code)
+
+
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
 
@@ -170,14 +198,35 @@ class DistributedCommitError(CheckpointError, RuntimeError):
 
 
 _NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(exc: BaseException, root: Path, what: str = "the commit") -> DiskFullError | None:
+    """The :class:`DiskFullError` to raise for ``exc`` (from ``exc``) if it says the disk
+    or the quota holding ``root`` is full, met during ``what`` (``"the commit of step
+    5"``); None for any other error (a DiskFullError already made among them)."""
+    if not isinstance(exc, OSError) or isinstance(exc, DiskFullError) or exc.errno not in _FULL:
+        return None
+    why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on the device"
+    return DiskFullError(
+        f"the disk holding checkpoint root {root} is full ({why}): {what} was given up and "
+        "what it wrote removed; the checkpoints committed before are untouched. "
+        "Free space (delete or prune old checkpoints, remove other files, or use a bigger "
+        f"disk), then save again. ({exc})",
+        path=root,
+        code=exc.errno,
+    )
 
 
 def wrap_os_error(exc: OSError, root: Path) -> BaseException:
     """The error to raise for ``exc``, met while writing into the checkpoint root ``root``.
 
-    Permission and read-only errors become :class:`RootNotWritableError` (which says
-    what to do); anything else is returned unchanged.
+    Permission and read-only errors become :class:`RootNotWritableError`, a full disk
+    :class:`DiskFullError` (each says what to do); anything else is returned unchanged.
     """
+    full = disk_full(exc, root)
+    if full is not None:
+        return full
     if exc.errno in _NOT_WRITABLE:
         why = "the filesystem is read-only" if exc.errno == errno.EROFS else "permission denied"
         return RootNotWritableError(

@@ -278,6 +278,38 @@ def _scan_once(root: Path, prefix: str, *, include_staging: bool) -> tuple[list[
     return out, vanished
 
 
+def other_prefixes(root: Path, prefix: str) -> list[tuple[Path, str, int]]:
+    """The complete checkpoints of ``root`` named with a prefix other than ``prefix``
+    (``checkpoint-3/`` seen by a plain root): (path, its prefix, its step), by path.
+
+    A directory counts if its name is some prefix followed by a canonical step and its
+    marker is legacy (empty) or records that step: a named checkpoint (no step), an
+    alias (a symlink), an unmarked or unreadable directory never does. Read-only.
+    """
+    try:
+        listing = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found: list[tuple[Path, str, int]] = []
+    for de in listing:
+        digits = len(de.name) - len(de.name.rstrip("0123456789"))
+        if not digits or TMP_INFIX in de.name:
+            continue
+        head, tail = de.name[:-digits], de.name[-digits:]
+        keep = tail.lstrip("0") or "0"  # leading zeros belong to the prefix
+        other = head + tail[: len(tail) - len(keep)]
+        step = parse_step(de.name, other)
+        if other == prefix or step is None or not de.is_dir(follow_symlinks=False):
+            continue
+        try:
+            manifest = read_marker(Path(de.path), body=False)
+        except (ManifestError, OSError):
+            continue
+        if manifest is not None and (manifest.legacy or manifest.step == step):
+            found.append((Path(de.path), other, step))
+    return sorted(found)
+
+
 def complete(root: Path, prefix: str, warned: set[Path]) -> list[Checkpoint]:
     """The complete checkpoints of ``root``, ascending; warn once per skipped directory."""
     result: list[Checkpoint] = []

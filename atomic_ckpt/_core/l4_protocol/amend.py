@@ -81,6 +81,7 @@ def amend(
         # Carried entries keep their checksums: hash the new files with the same algorithm.
         root = dataclasses.replace(root, checksum=base.manifest.checksum)
         commit = _begin.begin(root, step)
+        commit.as_block()
         try:
             yield commit.path
             if os.getpid() == pid:
@@ -114,6 +115,7 @@ def amend(
             commit.publish(files=sorted([*written, *carried], key=lambda e: e.path))
         except BaseException as exc:
             commit.abort(exc)
+            commit._raise_disk_full(exc)
             raise
     finally:
         pin.close()

@@ -19,7 +19,7 @@ from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.commit import Commit
-from atomic_ckpt._core.l4_protocol.joining import check_own_aliases
+from atomic_ckpt._core.l4_protocol.joining import check_own_aliases, refuse_nested
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 
@@ -67,6 +67,7 @@ def begin_as(
 ) -> Commit:
     """:func:`begin` for the directory ``name`` (a step's, or a named checkpoint's)."""
     not_one_string("aliases", aliases, "names")
+    refuse_nested(root, name, step)
     alias_list = [_delete.check_alias(root, a) for a in aliases]
     check_own_aliases(name, alias_list)
     meta = check_metadata(metadata)

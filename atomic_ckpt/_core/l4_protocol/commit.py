@@ -15,13 +15,17 @@ import os
 import stat
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from atomic_ckpt._core.l1_names.errors import CommitStateError, NotDurableError, StagingLostError
+from atomic_ckpt._core.l1_names.errors import (
+    CommitStateError,
+    NotDurableError,
+    StagingLostError,
+    disk_full,
+)
 from atomic_ckpt._core.l1_names.names import TAG_OLD, is_marker_name, parse_tmp
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
@@ -31,6 +35,7 @@ from atomic_ckpt._core.l3_formats.tree import Identity, sync_tree
 from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.joining import JOIN_TIMEOUT, JoinedBlocks, check_own_aliases
@@ -118,7 +123,9 @@ class Commit(JoinedBlocks):
         """At :meth:`publish`, link the files equal to a previous checkpoint's (``dedup=``)."""
         self.deduped: dict[str, Literal["reflink", "hardlink"]] = {}
         """Once published: the files :attr:`dedup` linked (relative path -> how)."""
-        _register(self)
+        self._block: int | None = None  # the thread whose with block it is, if any
+        self._opener = threading.get_ident()  # the thread that began it
+        _joining.register(self)
 
     def __repr__(self) -> str:
         return f"Commit({self.name!r}, path={str(self.path)!r}, state={self._state!r})"
@@ -185,6 +192,7 @@ class Commit(JoinedBlocks):
             manifest = self._protocol(files, metadata)
         except BaseException as exc:
             self._fail(exc)
+            self._raise_disk_full(exc)
             raise
         self._state = "published"
         if self.retain is not None:
@@ -307,7 +315,13 @@ class Commit(JoinedBlocks):
             raise OSError(errno.EIO, "; ".join(notes), str(self.path))
 
     def __enter__(self) -> Commit:
+        self.as_block()
         return self
+
+    def as_block(self) -> None:
+        """Mark it the commit of a ``with`` block of this thread: a second commit of its
+        name begun in this thread while it is open is refused (it would be nested in it)."""
+        self._block = threading.get_ident()
 
     def __exit__(
         self,
@@ -323,6 +337,16 @@ class Commit(JoinedBlocks):
             self.finish() if self._step is None else self.publish()
         else:
             self.abort(exc)
+            self._raise_disk_full(exc)
+
+    def _raise_disk_full(self, exc: BaseException) -> None:
+        """DiskFullError from ``exc`` if it is the disk (or quota) filling up; else nothing."""
+        full = disk_full(exc, self._root.path, f"the commit of {self.name}")
+        if full is not None:
+            full.step = self._step
+            for note in getattr(exc, "__notes__", ()):  # a cleanup failure stays visible
+                full.add_note(note)
+            raise full from exc
 
     # ------------------------------------------------------------------ internals
 
@@ -406,7 +430,7 @@ class Commit(JoinedBlocks):
     def _close(self, *, leaving: Path | None) -> None:
         """Close the pinned staging dir and release the staging lock; its file stays
         while ``leaving`` is left behind without a manifest (the evidence for clean())."""
-        _unregister(self)
+        _joining.unregister(self)
         fd, self._fd = self._fd, None
         try:
             if fd is not None:
@@ -416,33 +440,3 @@ class Commit(JoinedBlocks):
                 self._lock.release(remove=True)
             else:
                 _delete.release_leaving(self._lock, leaving)
-
-
-_OPEN: dict[tuple[Path, str], list[weakref.ref[Commit]]] = {}
-"""This process's open commits, by (root, directory name), oldest first: see
-:func:`open_commit`. Every one is kept, so that a nested commit of a step ending
-leaves the outer one findable."""
-
-
-def _register(commit: Commit) -> None:
-    refs = _OPEN.setdefault((commit._root.path, commit.name), [])
-    refs[:] = [r for r in refs if r() is not None]  # commits dropped without ending
-    refs.append(weakref.ref(commit))
-
-
-def _unregister(commit: Commit) -> None:
-    key = (commit._root.path, commit.name)
-    refs = [r for r in _OPEN.get(key, ()) if (c := r()) is not None and c is not commit]
-    if refs:
-        _OPEN[key] = refs
-    else:
-        _OPEN.pop(key, None)
-
-
-def open_commit(root: Root, name: str) -> Commit | None:
-    """This process's newest open commit of the checkpoint ``name`` in ``root``, or None."""
-    for ref in reversed(_OPEN.get((root.path, name), ())):
-        commit = ref()
-        if commit is not None and commit.state == "open" and commit._pid == os.getpid():
-            return commit
-    return None

@@ -9,12 +9,22 @@ whole commit, whose publish then raises CommitStateError; a join with no open co
 over a checkpoint already committed is refused (:func:`refuse_rejoin`), never a silent
 replacement of the whole checkpoint by one part. A joined block's options merge into the
 commit it joins (:func:`merge_options`).
+
+This process's open commits are registered here (:func:`open_commit`), and so are the
+ones that ended: a join is bound to the process that began the commit (a child forked
+inside it is refused), a join from another thread naming a commit that ended (published
+or aborted) is refused rather than committed alone (:func:`find_join`), and a second
+commit of a step whose ``with`` block is open in the same thread, without ``join=True``,
+is refused before it stages anything (:func:`refuse_nested`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import os
 import threading
+import weakref
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -211,3 +221,124 @@ def refuse_rejoin(final: Path, step: int | None) -> None:
         path=final,
         step=step,
     )
+
+
+# ---------------------------------------------------------------- the registry
+
+_LOCK = threading.Lock()
+_OPEN: dict[tuple[Path, str], list[weakref.ref[Any]]] = {}
+"""This process's open commits, by (root, directory name), oldest first. Every one is kept,
+so that a nested commit of a step ending leaves the outer one findable. After a fork the
+child holds its parent's: each commit records the process that began it."""
+
+_ENDED: collections.OrderedDict[tuple[Path, str], tuple[int, int, str]] = collections.OrderedDict()
+"""The commits that ended, by (root, directory name): (the process and the thread that
+began it, ``published`` or ``aborted``). A new commit of the name drops its entry; the oldest go
+beyond :data:`ENDED_KEPT` (a late joiner is late by one save, not by thousands)."""
+
+ENDED_KEPT = 4096
+
+
+def register(commit: Commit) -> None:
+    """Record ``commit`` as open (its constructor calls this): a new commit of a name
+    starts it over, so the record of an earlier one's end goes."""
+    key = (commit._root.path, commit.name)
+    with _LOCK:
+        _ENDED.pop(key, None)
+        refs = _OPEN.setdefault(key, [])
+        refs[:] = [r for r in refs if r() is not None]  # commits dropped without ending
+        refs.append(weakref.ref(commit))
+
+
+def unregister(commit: Commit) -> None:
+    """Record ``commit`` as ended (published if it was promoted, else aborted)."""
+    key = (commit._root.path, commit.name)
+    with _LOCK:
+        refs = [r for r in _OPEN.get(key, ()) if (c := r()) is not None and c is not commit]
+        if refs:
+            _OPEN[key] = refs
+        else:
+            _OPEN.pop(key, None)
+        how = "published" if commit._promoted else "aborted"
+        _ENDED[key] = (commit._pid, commit._opener, how)
+        _ENDED.move_to_end(key)
+        while len(_ENDED) > ENDED_KEPT:
+            _ENDED.popitem(last=False)
+
+
+def _live(root: Path, name: str) -> list[Commit]:
+    """The registered commits of ``name``, newest first (any process, any state)."""
+    with _LOCK:
+        refs = list(_OPEN.get((root, name), ()))
+    return [c for r in reversed(refs) if (c := r()) is not None]
+
+
+def open_commit(root: Any, name: str) -> Commit | None:
+    """This process's newest open commit of the checkpoint ``name`` in ``root``, or None."""
+    for commit in _live(root.path, name):
+        if commit.state == "open" and commit._pid == os.getpid():
+            return commit
+    return None
+
+
+def find_join(root: Any, name: str, step: int | None) -> Commit | None:
+    """The commit a ``join=True`` block of ``name`` joins: this process's newest open one
+    (or one ending right now, which :meth:`JoinedBlocks.enter_join` refuses), or None if
+    there is none to join and the block may commit alone. CommitStateError where it must
+    not: a commit open in the parent of this forked process, or one that ended (published
+    or aborted) and was begun by another thread or process: the block is a late part of
+    it, and would be committed alone. (The thread that began it may commit alone again:
+    the save function called by itself, as on a retry.)"""
+    me = os.getpid()
+    live = _live(root.path, name)
+    mine = [c for c in live if c._pid == me]
+    for commit in mine:
+        if commit.state == "open":
+            return commit
+    if mine:
+        return mine[0]
+    what = f"step {step}" if step is not None else repr(name)
+    final = root.path / name
+    if any(c.state == "open" for c in live):
+        raise CommitStateError(
+            f"cannot join the commit of {what}: it belongs to process {live[0]._pid}, and "
+            f"this is process {me} (forked inside the commit). A forked child's part would "
+            "be committed alone: write into the parent's staging directory and let the "
+            "parent's commit publish it, or commit a whole checkpoint without join=True",
+            path=final,
+            step=step,
+        )
+    with _LOCK:
+        ended = _ENDED.get((root.path, name))
+    if ended is None or ended[:2] == (me, threading.get_ident()):
+        return None
+    refuse_rejoin(final, step)  # committed: the message names amend
+    pid, _, how = ended
+    by = "another thread" if pid == me else f"process {pid} (this one was forked from it)"
+    raise CommitStateError(
+        f"cannot join the commit of {what}: the one {by} opened has ended ({how}), and a "
+        "block joining it now would be committed alone, holding only its part. Join "
+        f"while the commit is open; to save {what} again, commit it whole without join=True",
+        path=final,
+        step=step,
+    )
+
+
+def refuse_nested(root: Any, name: str, step: int | None) -> None:
+    """CommitStateError if this thread of this process is inside a ``with`` block of an
+    open commit of ``name`` (``commit``, ``commit_named``, ``amend``, ``with begin()``): a
+    second one nested in it (without ``join=True``) would publish its part alone, and then
+    the outer one replace it. Called before anything is staged. (Handles of ``begin``
+    held outside a block may be several: each publishes a whole save.)"""
+    me, thread = os.getpid(), threading.get_ident()
+    for commit in _live(root.path, name):
+        if commit.state == "open" and commit._pid == me and commit._block == thread:
+            what = f"step {step}" if step is not None else repr(name)
+            raise CommitStateError(
+                f"a commit of {what} is already open in this thread (an outer commit or "
+                f"begin of {what}): a second one inside it would publish only its part, "
+                "and the outer one would then replace it. Pass join=True to add to the "
+                "open commit, or end the outer one first. Nothing was staged",
+                path=commit.final,
+                step=step,
+            )

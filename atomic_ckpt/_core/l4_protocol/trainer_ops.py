@@ -37,7 +37,7 @@ class TrainerOps:
         directory. A step may be given as ``ls`` shows it (``"5"``, or
         ``"checkpoint-5"`` with that prefix), as everywhere a step or a name is taken.
         """
-        commit = _commit.open_commit(self._root, self._target(step)[1])
+        commit = _joining.open_commit(self._root, self._target(step)[1])
         return None if commit is None else commit.path
 
     def dir_of(self, step: SupportsIndex | str) -> Path:
@@ -50,9 +50,10 @@ class TrainerOps:
         save of its step or after it.
         """
         number, name = self._target(step)
-        commit = _commit.open_commit(self._root, name)
+        commit = _joining.open_commit(self._root, name)
         if commit is not None:
-            return commit.path
+            staged: Path = commit.path
+            return staged
         if number is None:
             return _named.get(self._root, name).path
         return _delete.require_complete(self._root, number).path
@@ -136,7 +137,7 @@ class TrainerOps:
         ``name`` is refused the same way)."""
         if join:
             checked = _named.check_name(self._root, name)
-            outer = _commit.open_commit(self._root, checked)
+            outer = _joining.find_join(self._root, checked, None)
             if outer is not None:
                 options = {"metadata": metadata, "aliases": aliases}
                 with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
@@ -153,11 +154,13 @@ class TrainerOps:
             replace_unusable=replace_unusable,
             dedup=dedup,
         )
+        handle.as_block()
         try:
             _carry.carry_all(handle, carry)
             yield handle.path
         except BaseException as exc:
             handle.abort(exc)
+            handle._raise_disk_full(exc)
             raise
         handle.finish()
 

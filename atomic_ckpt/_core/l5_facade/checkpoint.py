@@ -25,7 +25,6 @@ from atomic_ckpt._core.l3_formats.tree import DEFAULT_WORKERS, list_tree, sync_f
 from atomic_ckpt._core.l4_protocol import adopt as _adopt
 from atomic_ckpt._core.l4_protocol import begin as _begin
 from atomic_ckpt._core.l4_protocol import carry as _carry
-from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import dedup as _dedup
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import joining as _joining
@@ -260,13 +259,15 @@ class CheckpointDir(Reading, TrainerOps):
           or-ed, ``retain`` taken if the commit has none. A metadata key it already holds
           with another value, or another retain policy, is a ValueError naming that
           commit, and aborts it like any failed joined block;
-        * a join once the commit is being published is refused (CommitStateError).
+        * a join once the commit is being published, from another thread once it ended
+          (published or aborted), or in a child forked inside it, is refused
+          (CommitStateError): such a late part is never committed alone.
 
-        With no open commit, ``join=True`` commits as usual, unless ``step`` is already
-        committed: then it raises CommitStateError naming :meth:`amend` (a part saved
-        alone, or by a thread that came after the commit ended, never replaces the whole
-        checkpoint); commit without ``join`` to replace it. (:meth:`staging` tells
-        whether a commit is open without committing.)
+        With no open commit, ``join=True`` commits as usual, unless ``step`` is committed
+        (CommitStateError naming :meth:`amend`) or is a late part as above;
+        commit without ``join`` to save the step whole. Without ``join``, a commit of a
+        step whose ``with`` block is open in this thread is refused (CommitStateError
+        naming ``join=True``). (:meth:`staging` tells whether a commit is open.)
 
         ``carry``: files or subtrees of committed checkpoints put into the staging
         directory before it is yielded, without writing them again: ``{"tokenizer/": 4,
@@ -281,7 +282,8 @@ class CheckpointDir(Reading, TrainerOps):
         ``docs/guides/incremental.md``); what was linked is logged at INFO.
         """
         if join:
-            outer = _commit.open_commit(self._root, self._root.name_of(check_step(step)))
+            number = check_step(step)
+            outer = _joining.find_join(self._root, self._root.name_of(number), number)
             if outer is not None:
                 options = {"metadata": metadata, "aliases": aliases, "retain": retain}
                 with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:

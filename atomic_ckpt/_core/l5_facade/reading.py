@@ -227,6 +227,8 @@ class Reading:
                 listed.append((e.path, f"no {MARKER} marker (if complete, adopt it: {how})"))
                 unmarked.append(e.path)
         listed += reasons.items()  # (gone since: still, none of them could be used)
+        if not listed:
+            return None, self._other_prefix_error()
         if len(unmarked) == len(listed):
             return None, self._unmarked_error(tuple(unmarked)) if unmarked else None
         problems = tuple(f"{p}: {reason}" for p, reason in listed)
@@ -238,6 +240,31 @@ class Reading:
             "or start the run from scratch deliberately, which trains over them",
             path=self._root.path,
             paths=tuple(p for p, _ in listed),
+            problems=problems,
+        )
+
+    def _other_prefix_error(self) -> UnusableCheckpointsError | None:
+        """The refusal to start fresh where the root holds no step directory of this
+        prefix but complete checkpoints named with another (``checkpoint-3/`` seen with
+        the default prefix): the job would ignore them. None if there are none."""
+        others = _read.other_prefixes(self._root.path, self._root.prefix)
+        if not others:
+            return None
+        prefixes = sorted({p for _, p, _ in others})
+        problems = tuple(
+            f"{path}: a complete checkpoint of step {step} under prefix={other!r}"
+            for path, other, step in others
+        )
+        opened = " or ".join(f"prefix={p!r}" for p in prefixes)
+        return UnusableCheckpointsError(
+            f"{self._root.path} holds no checkpoint named with this CheckpointDir's "
+            f"prefix={self._root.prefix!r}, but {len(others)} complete checkpoint(s) named "
+            "with another prefix:\n  " + "\n  ".join(problems) + "\nStarting from scratch "
+            f"would ignore them. Open the root with {opened} to resume from them "
+            f"(CheckpointDir(root, {opened.split(' or ')[-1]})); or start the run from "
+            "scratch deliberately beside them",
+            path=self._root.path,
+            paths=tuple(path for path, _, _ in others),
             problems=problems,
         )
 
