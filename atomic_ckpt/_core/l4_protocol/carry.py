@@ -15,8 +15,13 @@ only once the source is known to be the file that entry describes:
   refused (:class:`~atomic_ckpt.VerificationError`) and nothing of it stays. A source
   without checksums cannot be verified and is refused.
 
-Durability comes with the commit: its tree walk fsyncs every file of the staging dir (a
-reflink's or copy's new data and metadata) and every directory (a hard link's new entry).
+The shared files wait in the staging dir's :data:`CARRYING` area, never at their names
+while the block runs (a plain ``open(name, "wb")`` there would truncate the source through
+a hard link); :func:`place` renames them to their names at the publish, after the block's
+writes, through directory descriptors (never following a link): a name the block wrote
+keeps the block's file. Durability comes with the commit: its tree walk, after the
+placement, fsyncs every file of the staging dir (a reflink's or copy's new data and
+metadata) and every directory (a hard link's new entry).
 At the publish a carried file still having the identity it had when carried is not hashed
 again; one written in place meanwhile (same inode, new size or time: through a link shared
 with a committed checkpoint) stops the commit.
