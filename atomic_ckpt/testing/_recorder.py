@@ -20,6 +20,7 @@ from atomic_ckpt._core.l1_names.names import TAG_OLD, parse_tmp
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l3_formats.read import classify
 from atomic_ckpt._core.l4_protocol import amend as _amend
+from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol.root import Root
 from atomic_ckpt.testing._mirror import _Mirror
@@ -122,6 +123,7 @@ class _Recorder(_Mirror):
             patch(CheckpointDir, "mark_complete", self._adopt_hook(CheckpointDir.mark_complete))
             patch(_delete, "move_aside", self._delete_hook(_delete.move_aside))
             patch(_amend, "_rewrite_marker", self._remark_hook(_amend._rewrite_marker))
+            patch(_carry, "place", self._place_hook(_carry.place))
             yield
         finally:
             for obj, name, value in reversed(saved):
@@ -266,6 +268,21 @@ class _Recorder(_Mirror):
             return result
 
         return publish
+
+    def _place_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        """Carried files reach their names inside the publish: what the save commits is
+        the tree once they are placed (the carrying area is gone by then)."""
+
+        def place(staging: Path, *a: Any, **kw: Any) -> Any:
+            result = real(staging, *a, **kw)
+            save = self.saves[-1] if self.saves else None
+            if save is not None and save.end is None and self.rel(staging) is not None:
+                with self.lock:
+                    self.observe()
+                save.tree = read_tree(staging)
+            return result
+
+        return place
 
     def _remark_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
         """A metadata-only amend: the same files, a new marker written in place."""

@@ -200,14 +200,22 @@ def _dtype_names() -> dict[torch.dtype, str]:
 def recorded(path: Path) -> Described | None:
     """What the frozen file at ``path`` records (from its header only); None if it is not
     one (missing, a link, malformed, without hashes)."""
+    return _recorded(path)[0]
+
+
+def _recorded(path: Path) -> tuple[Described | None, tuple[int, int, int] | None]:
+    """:func:`recorded`, and the (inode, size, mtime in ns) of the file its header was
+    read from (None if it could not be opened)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        return None
+        return None, None
     with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         raw = f.read(n) if 0 <= n <= 100 << 20 else b""
+    ident = (st.st_ino, st.st_size, st.st_mtime_ns)
     try:
         header = json.loads(raw)
         hashes = json.loads(header["__metadata__"][HASHES_KEY])
@@ -215,9 +223,17 @@ def recorded(path: Path) -> Described | None:
             name: (str(info["dtype"]), tuple(int(d) for d in info["shape"]), str(hashes[name]))
             for name, info in header.items()
             if name != "__metadata__"
-        }
+        }, ident
     except (ValueError, KeyError, TypeError):
+        return None, ident
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
         return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def previous(ckpts: CheckpointDir, step: int) -> Checkpoint | None:
@@ -240,7 +256,8 @@ def place(ckpts: CheckpointDir, commit: Commit, tensors: Tensors, hashes: dict[s
     prev = previous(ckpts, step)
     why = "no earlier checkpoint"
     if prev is not None:
-        old = recorded(prev.path / FROZEN_FILE)
+        source = prev.path / FROZEN_FILE
+        old, read_from = _recorded(source)
         why = _difference(prev.step, old, new)
         if not why:
             try:
@@ -255,7 +272,11 @@ def place(ckpts: CheckpointDir, commit: Commit, tensors: Tensors, hashes: dict[s
                 )
                 why = f"carrying it from step {prev.step} failed (logged above)"
             else:
-                if recorded(target) == new:  # the carried bytes are the ones compared
+                # The carried file reaches its name at the publish; the header compared is
+                # the carried one if the source is still the file it was read from (a
+                # change in place moves its mtime, a replacement its inode), while the
+                # carry checked that file against its manifest.
+                if read_from is not None and _identity(source) == read_from:
                     log.info(
                         "step %d: %s (%d tensors) carried from step %d by %s",
                         step,
@@ -266,7 +287,7 @@ def place(ckpts: CheckpointDir, commit: Commit, tensors: Tensors, hashes: dict[s
                         extra={"frozen_file": how},
                     )
                     return how
-                os.unlink(target)
+                # Written below: the block's file wins over the carried one at the publish.
                 why = f"step {prev.step}'s {FROZEN_FILE} changed while it was carried"
     save_file(tensors, str(target), metadata={HASHES_KEY: json.dumps(hashes, sort_keys=True)})
     log.info(

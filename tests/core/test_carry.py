@@ -92,10 +92,12 @@ def test_commit_and_commit_named_take_carry(tmp_path: Path) -> None:
     ckpts = CheckpointDir(tmp_path)
     _first(ckpts)
     with ckpts.commit(2, carry={"frozen.bin": 1, "tokenizer": "1"}) as path:
-        assert (path / "frozen.bin").read_bytes() == FROZEN
+        assert not (path / "frozen.bin").exists()  # placed at the publish
         (path / "trainable.bin").write_bytes(b"new")
-    with ckpts.commit_named("interrupted", carry={"tokenizer/vocab.json": 2}) as path:
-        assert (path / "tokenizer/vocab.json").exists()
+    assert (ckpts.path_of(2) / "frozen.bin").read_bytes() == FROZEN
+    with ckpts.commit_named("interrupted", carry={"tokenizer/vocab.json": 2}):
+        pass
+    assert (ckpts.root / "interrupted" / "tokenizer/vocab.json").exists()
     ckpts.verify(2)
     assert [e.path for e in ckpts.get_named("interrupted").manifest.files] == [
         "tokenizer",
@@ -165,16 +167,31 @@ def test_an_unchanged_source_is_not_hashed_again(tmp_path: Path) -> None:
     assert hashed == ["trainable.bin"]
 
 
-def test_a_carried_file_written_in_place_stops_the_publish(tmp_path: Path) -> None:
-    """Writing through a shared hard link is refused at publish, and verify() of the
-    source reports the damage it did."""
+def test_a_carried_file_cannot_be_written_in_place_during_the_block(tmp_path: Path) -> None:
+    """A carried file is not at its name until the publish: opening it in place fails,
+    and the source keeps its bytes."""
+    ckpts = CheckpointDir(tmp_path)
+    _first(ckpts)
+    with ckpts.begin(2) as commit:
+        commit.carry("frozen.bin", from_=1)
+        with pytest.raises(FileNotFoundError):
+            (commit.path / "frozen.bin").open("r+b").close()
+    ckpts.verify(1)
+    ckpts.verify(2)
+
+
+def test_a_write_into_the_private_carry_area_stops_the_publish(tmp_path: Path) -> None:
+    """Code that reaches into the private area and writes a carried file in place is
+    refused at publish (the backstop), and verify() of the source reports the damage."""
+    from atomic_ckpt._core.l4_protocol.carry import CARRYING
+
     ckpts = CheckpointDir(tmp_path)
     _first(ckpts)
     commit = ckpts.begin(2)
     if commit.carry("frozen.bin", from_=1) != "hardlink":
         commit.abort()
         pytest.skip("the filesystem did not hard-link")
-    with open(commit.path / "frozen.bin", "r+b") as f:
+    with open(commit.path / CARRYING / "0" / "frozen.bin", "r+b") as f:
         f.write(b"XY")
     with pytest.raises(VerificationError, match="written in place"):
         commit.publish()
@@ -183,15 +200,16 @@ def test_a_carried_file_written_in_place_stops_the_publish(tmp_path: Path) -> No
         ckpts.verify(1)
 
 
-def test_a_carried_file_replaced_by_a_new_file_is_hashed_anew(tmp_path: Path) -> None:
-    """Replacing a carried file by a new one (unlink, write) records the new bytes."""
+def test_a_carried_name_the_block_writes_anew_keeps_the_new_bytes(tmp_path: Path) -> None:
+    """A file the block writes at a carried name wins: it is hashed like any other, the
+    carried one dropped, the source untouched."""
     ckpts = CheckpointDir(tmp_path)
     _first(ckpts)
     with ckpts.begin(2) as commit:
         commit.carry("frozen.bin", from_=1)
-        (commit.path / "frozen.bin").unlink()
         (commit.path / "frozen.bin").write_bytes(b"fresh")
     assert (ckpts.path_of(1) / "frozen.bin").read_bytes() == FROZEN
+    assert (ckpts.path_of(2) / "frozen.bin").read_bytes() == b"fresh"
     ckpts.verify(2)
     ckpts.verify(1)
 

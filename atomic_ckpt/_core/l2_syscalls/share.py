@@ -17,7 +17,7 @@ from typing import Literal
 
 from atomic_ckpt._core.l2_syscalls.fs import NotRegularFileError, _open_parent
 
-__all__ = ["FICLONE", "Method", "share_file"]
+__all__ = ["FICLONE", "Method", "make_at", "move_at", "open_dirs", "share_file"]
 
 Method = Literal["reflink", "hardlink", "copy"]
 """How a file was carried: a reflink shares extents copy-on-write (btrfs, xfs), a hard
@@ -120,3 +120,47 @@ def share_file(
             os.close(fd_in)
     finally:
         os.close(parent)
+
+
+def open_dirs(top_fd: int, parts: list[str], *, create: bool = False) -> int:
+    """The directory ``parts`` below ``top_fd``, opened one component at a time without
+    following a symlink (OSError ELOOP or ENOTDIR if a component is a link or a file);
+    ``create``: missing components are made (their mode follows the umask). The caller
+    closes the descriptor; nothing here is fsynced (a commit's tree walk does it)."""
+    fd = os.dup(top_fd)
+    try:
+        for part in parts:
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, f"{part!r} is not a name inside the tree")
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            nxt = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_at(dir_fd: int, name: str, *, symlink: str | None = None) -> None:
+    """Create the directory ``name`` (or, given ``symlink``, a symlink to that target,
+    never followed) in the directory open as ``dir_fd``; FileExistsError if it exists."""
+    if symlink is None:
+        os.mkdir(name, dir_fd=dir_fd)
+    else:
+        os.symlink(symlink, name, dir_fd=dir_fd)
+
+
+def move_at(src_fd: int, dst_fd: int, name: str) -> None:
+    """Rename ``name`` from the directory open as ``src_fd`` to the same name in the one
+    open as ``dst_fd`` (same filesystem); FileExistsError if the new name exists (checked
+    first: the callers hold a sealed commit, whose own block has ended)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
+    os.rename(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

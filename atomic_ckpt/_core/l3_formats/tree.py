@@ -129,17 +129,17 @@ def sync_tree(
     kernel may have dropped the dirty pages, so a retry that succeeds proves
     nothing).
 
-    ``then(entries)`` runs in the calling thread as soon as every checksum is
-    known, while the flushes may still be in flight: a commit writes its marker
-    there, so the marker's own fsyncs overlap the data's instead of following
-    them (nothing in a staging dir is visible before the rename, which waits for
-    all of them). ``mapped``: ``top`` holds this process's own files (a commit's
-    staging dir), which may be hashed through a mapping. Hashes are queued first,
-    then the flushes, largest file first: the other files are hashed (CPU, from the
-    page cache) while they are flushed (disk). The largest is the calling thread's
-    own: the writeback of each of its ranges is started just before that range is
-    hashed (``policy.start_file``), so the disk writes while the CPU hashes, and it is
-    fsynced there too, after ``then``: a one-file commit without subdirectories runs
+    ``then(entries)`` runs in the calling thread as soon as every checksum is known,
+    while the flushes may still be in flight: a commit writes its marker there, so the
+    marker's own fsyncs overlap the data's instead of following them (nothing in a
+    staging dir is visible before the rename, which waits for all of them); a file it
+    replaces is its own to make durable. ``mapped``: ``top`` holds this process's own
+    files (a commit's staging dir), which may be hashed through a mapping. Hashes are
+    queued first, then the flushes, largest file first: the other files are hashed (CPU,
+    from the page cache) while they are flushed (disk). The largest is the calling
+    thread's own: the writeback of each of its ranges is started just before that range
+    is hashed (``policy.start_file``), so the disk writes while the CPU hashes, and it
+    is fsynced there too, after ``then``: a one-file commit without subdirectories runs
     on one thread.
 
     ``known``: files whose entry is already known (carried from a committed checkpoint:
@@ -258,8 +258,10 @@ def _flush(
         out.sort(key=lambda e: e.path)
         if then is not None:
             then(out)
-        if policy.durable and files:
-            policy.file(files[0][1])
+        lead = files[0] if files else None
+        # Unless ``then`` replaced it (dedup: a link, durable with its directory's fsync).
+        if policy.durable and lead and ids.get(lead[0]) in (None, identity(os.lstat(lead[1]))):
+            policy.file(lead[1])
         for flush in flushes:
             pool.result(flush)
     return out

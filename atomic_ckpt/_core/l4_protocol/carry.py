@@ -15,8 +15,13 @@ only once the source is known to be the file that entry describes:
   refused (:class:`~atomic_ckpt.VerificationError`) and nothing of it stays. A source
   without checksums cannot be verified and is refused.
 
-Durability comes with the commit: its tree walk fsyncs every file of the staging dir (a
-reflink's or copy's new data and metadata) and every directory (a hard link's new entry).
+The shared files wait in the staging dir's :data:`CARRYING` area, never at their names
+while the block runs (a plain ``open(name, "wb")`` there would truncate the source through
+a hard link); :func:`place` renames them to their names at the publish, after the block's
+writes, through directory descriptors (never following a link): a name the block wrote
+keeps the block's file. Durability comes with the commit: its tree walk, after the
+placement, fsyncs every file of the staging dir (a reflink's or copy's new data and
+metadata) and every directory (a hard link's new entry).
 At the publish a carried file still having the identity it had when carried is not hashed
 again; one written in place meanwhile (same inode, new size or time: through a link shared
 with a committed checkpoint) stops the commit.
@@ -26,15 +31,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import posixpath
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
+    CommitStateError,
     ManifestError,
     StepConflictError,
     VerificationError,
@@ -56,6 +64,12 @@ Carried = dict[str, tuple[FileEntry, Identity]]
 """A commit's carried files: relative path -> (its entry, its identity when carried)."""
 
 _RANK: dict[Method, int] = {"reflink": 0, "hardlink": 1, "copy": 2}
+
+CARRYING = ".carrying.tmp-atomic_ckpt"
+"""The staging dir's area where carried files wait for the publish (one numbered slot per
+carry): never at their own names while the block runs, so nothing the block opens for
+writing there can reach a file shared with a committed checkpoint. Gone before the tree
+walk; removed with the staging dir on an abort."""
 
 
 def relative(relpath: str | os.PathLike[str]) -> str:
@@ -110,12 +124,35 @@ def _pin(source: Checkpoint) -> int:
     return fd
 
 
+@dataclasses.dataclass
+class Pending:
+    """One carry of an open commit, waiting in the staging dir's :data:`CARRYING` area
+    for the publish to put it at its name (see :func:`place`)."""
+
+    rel: str
+    slot: str
+    entries: list[FileEntry]
+    made: dict[str, tuple[FileEntry, Identity]]
+    reuse: bool  # the source's algorithm is the root's: its entries are reused
+
+
 def carry(
-    root: Root, staging: Path, carried: Carried, relpath: str | os.PathLike[str], from_: int | str
+    root: Root,
+    staging: Path,
+    pending: list[Pending],
+    relpath: str | os.PathLike[str],
+    from_: int | str,
 ) -> Method:
-    """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`: carry into ``staging`` and
-    record the carried files' entries in ``carried`` (the commit's)."""
+    """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`: share the files into a slot of
+    the staging dir's :data:`CARRYING` area and append the carry to ``pending`` (the
+    commit's); a refused carry leaves the staging dir as it was."""
     rel = relative(relpath)
+    for other in pending:
+        if rel == other.rel or rel.startswith(other.rel + "/") or other.rel.startswith(rel + "/"):
+            raise FileExistsError(
+                f"{rel!r} was already carried into this commit (as {other.rel!r}): carry "
+                "each path once"
+            )
     source = source_of(root, from_)
     manifest = source.manifest
     if manifest.legacy:
@@ -129,41 +166,170 @@ def carry(
         raise CheckpointNotFoundError(
             f"{source.path} has no file or directory {rel!r} to carry", path=source.path
         )
-    target = staging / rel
-    if os.path.lexists(target):
-        raise FileExistsError(
-            f"{target} already exists in the staging directory: carry a path before "
-            "writing anything there, or carry its files one by one"
-        )
+    _check_free(staging, rel)
     pin = _pin(source)
-    made: list[tuple[str, tuple[FileEntry, Identity]]] = []
-    same_algorithm = manifest.checksum is not None and manifest.checksum == root.checksum
+    area = staging / CARRYING
+    made_area = False
+    slot = area / str(len(pending))
+    made: dict[str, tuple[FileEntry, Identity]] = {}
     try:
-        for parent in reversed(target.relative_to(staging).parents[:-1]):
-            if not os.path.lexists(staging / parent):
-                _fs.mkdir(staging / parent)
-        methods = [_one(staging, source, pin, entry, made) for entry in entries]
+        try:
+            _fs.mkdir(area)
+            made_area = True
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(area).st_mode):  # never through a link
+                raise
+        _fs.mkdir(slot)
+        try:
+            for parent in reversed(Path(rel).parents[:-1]):
+                _fs.mkdir(slot / parent)
+            methods = [_one(slot, source, pin, entry, made) for entry in entries]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                _fs.remove_tree(slot)
+            raise
     except BaseException:
-        with contextlib.suppress(OSError):
-            _fs.remove_tree(target)
+        if made_area:
+            with contextlib.suppress(OSError):
+                os.rmdir(area)
         raise
     finally:
         os.close(pin)
-    if same_algorithm:  # else the walk hashes them with the root's algorithm
-        carried.update(made)
+    same_algorithm = manifest.checksum is not None and manifest.checksum == root.checksum
+    pending.append(Pending(rel, slot.name, entries, made, same_algorithm))
     files = [m for m in methods if m is not None]
     return max(files, key=_RANK.__getitem__) if files else "copy"
 
 
+def _check_free(staging: Path, rel: str) -> None:
+    """FileExistsError if ``rel`` exists in ``staging``; NotADirectoryError if one of its
+    parents there is anything but a directory (a symlink is never followed)."""
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        path = staging.joinpath(*parts[:i])
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(mode):
+            raise _not_a_dir(path, stat.S_ISLNK(mode))
+    if os.path.lexists(staging / rel):
+        raise FileExistsError(
+            f"{staging / rel} already exists in the staging directory: carry a path before "
+            "writing anything there, or carry its files one by one"
+        )
+
+
+def _not_a_dir(path: Path, link: bool) -> NotADirectoryError:
+    what = "a symbolic link" if link else "not a directory"
+    return NotADirectoryError(
+        errno.ENOTDIR,
+        f"{path} is {what}: a carry puts files only into real directories of the staging "
+        "dir and never follows a link (it could point anywhere). Remove it, or carry to "
+        "another path",
+        str(path),
+    )
+
+
+def place(
+    staging: Path, staging_fd: int | None, pending: list[Pending], carried: Carried, *, walk: bool
+) -> None:
+    """At the publish, once the block's writes are done: put each pending carry's entries
+    at their names in ``staging`` (open as ``staging_fd``) and record the placed files'
+    entries in ``carried``; then remove the :data:`CARRYING` area.
+
+    A name the block wrote itself keeps the block's file (a directory merges with the
+    carried one): the carried entry at it, and anything carried below it, is dropped
+    (logged). A parent of a carried path that the block made anything but a directory
+    (a symlink above all) is NotADirectoryError: nothing is placed through it. Every
+    step is relative to a directory descriptor, never following a link. ``walk``: the
+    publish walks the tree (a caller passing its own file list cannot carry)."""
+    if not pending:
+        return
+    if not walk:
+        raise CommitStateError(
+            f"{staging} has carried files, and the publish was given its file list: "
+            "carry only into a commit whose publish() walks the tree (no files=)",
+            path=staging,
+        )
+    assert staging_fd is not None  # an open commit's
+    area_fd = _share.open_dirs(staging_fd, [CARRYING])
+    try:
+        for p in pending:
+            slot_fd = _share.open_dirs(area_fd, [p.slot])
+            try:
+                _place(staging, staging_fd, slot_fd, p, carried)
+            finally:
+                os.close(slot_fd)
+    finally:
+        os.close(area_fd)
+    _fs.remove_tree(staging / CARRYING)
+    pending.clear()
+
+
+def _place(staging: Path, staging_fd: int, slot_fd: int, p: Pending, carried: Carried) -> None:
+    dropped: list[str] = []
+    for entry in p.entries:
+        if any(entry.path.startswith(d + "/") for d in dropped):
+            continue
+        parts = entry.path.split("/")
+        try:
+            dst = _share.open_dirs(staging_fd, parts[:-1], create=True)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            raise _first_not_a_dir(staging, parts[:-1]) from exc
+        try:
+            name = parts[-1]
+            try:
+                mode: int | None = os.stat(name, dir_fd=dst, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                mode = None
+            if mode is not None:
+                if entry.type == "dir" and stat.S_ISDIR(mode):
+                    continue  # the block made it too: the carried entries merge into it
+                dropped.append(entry.path)
+                log.info(
+                    "carry: the block wrote %s itself; its own is committed, the one carried "
+                    "is dropped",
+                    staging / entry.path,
+                )
+                continue
+            if entry.type == "dir":
+                _share.make_at(dst, name)
+            elif entry.type == "symlink":
+                _share.make_at(dst, name, symlink=entry.target or "")
+            else:
+                src = _share.open_dirs(slot_fd, parts[:-1])
+                try:
+                    _share.move_at(src, dst, name)
+                finally:
+                    os.close(src)
+                if p.reuse:
+                    carried[entry.path] = p.made[entry.path]
+        finally:
+            os.close(dst)
+
+
+def _first_not_a_dir(staging: Path, parts: list[str]) -> NotADirectoryError:
+    for i in range(1, len(parts) + 1):
+        path = staging.joinpath(*parts[:i])
+        with contextlib.suppress(OSError):
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISDIR(mode):
+                return _not_a_dir(path, stat.S_ISLNK(mode))
+    return _not_a_dir(staging.joinpath(*parts), False)
+
+
 def _one(
-    staging: Path,
+    slot: Path,
     source: Checkpoint,
     pin: int,
     entry: FileEntry,
-    made: list[tuple[str, tuple[FileEntry, Identity]]],
+    made: dict[str, tuple[FileEntry, Identity]],
 ) -> Method | None:
-    """Carry one entry of ``source``; the method for a file, None for anything else."""
-    target = staging / entry.path
+    """Share one entry of ``source`` into ``slot``; the method for a file, None else."""
+    target = slot / entry.path
     if entry.type == "dir":
         _fs.mkdir(target)
         return None
@@ -192,7 +358,7 @@ def _one(
             raise _changed(source, entry, "its checksum differs")
     # The entry, with no identity of its own (the walk records the carrier's).
     bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
-    made.append((entry.path, (bare, identity(now))))
+    made[entry.path] = (bare, identity(now))
     return method
 
 

@@ -117,8 +117,9 @@ class Commit(JoinedBlocks):
         # Holding the staging dir open pins its identity (its inode cannot be reused),
         # so a save that deletes it and makes a new one is always noticed.
         self._fd: int | None = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._pending: list[_carry.Pending] = []  # carries waiting for the publish
         self._carried: dict[str, tuple[FileEntry, Identity]] = {}
-        """Files carried in (see :meth:`carry`): their entries, not hashed again."""
+        """Files carried in and placed at the publish: their entries, not hashed again."""
         self.dedup = dedup
         """At :meth:`publish`, link the files equal to a previous checkpoint's (``dedup=``)."""
         self.deduped: dict[str, Literal["reflink", "hardlink"]] = {}
@@ -147,20 +148,18 @@ class Commit(JoinedBlocks):
     ) -> Literal["reflink", "hardlink", "copy"]:
         """Put the committed file or subtree ``relpath`` (``"tokenizer/"``) of the
         checkpoint ``from_`` (a step, or a named checkpoint's name) into this commit
-        without writing its data again; return how: ``"reflink"`` (shared extents,
-        btrfs/xfs), ``"hardlink"`` (a shared inode) or ``"copy"`` (for a subtree, the
-        least shared of its files).
+        without writing its data again; return how: ``"reflink"``, ``"hardlink"`` or
+        ``"copy"`` (for a subtree, the least shared of its files).
 
         Its manifest entries are reused once the source is known to be the file its
-        manifest describes (same inode, size and modification time as at its commit;
-        otherwise its bytes are hashed and must match), else
-        :class:`~atomic_ckpt.VerificationError` and nothing is carried. A carried file
-        shares storage with its source: replace it by writing a new file (and renaming
-        it over), never by opening it for writing. ``relpath`` must not exist in the
-        staging dir yet. Deleting either checkpoint later never affects the other.
-        """
+        manifest describes (else its bytes are hashed: :class:`~atomic_ckpt.VerificationError`
+        if they differ). ``relpath`` must not be in the staging dir nor carried yet, and
+        its parents there must be real directories (NotADirectoryError: a link is never
+        followed). A refused carry changes nothing. Carried files reach their names at
+        :meth:`publish`, after the block's writes, which so never reach the source: a name
+        the block wrote keeps the block's file (the carried one is dropped, logged)."""
         self._require_open("carry")
-        return _carry.carry(self._root, self.path, self._carried, relpath, from_)
+        return _carry.carry(self._root, self.path, self._pending, relpath, from_)
 
     def publish(self, files: list[FileEntry] | None = None) -> Checkpoint:
         """Make the staging directory durable and promote it; return the new checkpoint.
@@ -228,6 +227,8 @@ class Commit(JoinedBlocks):
             sync.staging(staging)
             written.append(manifest)
 
+        # 2b. Carried files go to their names, now that the block's writes are done.
+        _carry.place(staging, self._fd, self._pending, self._carried, walk=files is None)
         # 3. fsync every regular file and subdirectory of the tree, hashing the files;
         #    step 4 runs as soon as the checksums are known, while the flushes may still
         #    be in flight (the rename waits for both). A multi-rank commit passes
