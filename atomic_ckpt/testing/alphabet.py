@@ -1,6 +1,6 @@
-"""The alphabet of the model check: every action of :mod:`atomic_ckpt.testing.actions` and
-:mod:`atomic_ckpt.testing.parts` by name, the ones left out until a defect is fixed, and
-the starting roots."""
+"""The alphabet of the model check: every action of :mod:`atomic_ckpt.testing.actions`,
+:mod:`atomic_ckpt.testing.parts` and :mod:`atomic_ckpt.testing.edges` by name, the ones
+left out until a defect is fixed, and the starting roots."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from atomic_ckpt.testing.actions import (
     _unchanged,
     _write,
 )
+from atomic_ckpt.testing.edges import EDGES, LIVE_EDGES, MULTI_EDGES
 from atomic_ckpt.testing.model import RootModel, files_of
 from atomic_ckpt.testing.parts import LIVE_ONLY, MULTI, PARTS
 
@@ -130,6 +131,10 @@ def _actions() -> tuple[Action, ...]:
         add(name, run, apply, crash=name not in LIVE_ONLY)
     for name, (run, apply, midway) in MULTI.items():
         add(name, run, apply, multi=True, midway=midway)
+    for name, (run, apply) in EDGES.items():
+        add(name, run, apply, crash=name not in LIVE_EDGES)
+    for name, (run, apply) in MULTI_EDGES.items():
+        add(name, run, apply, multi=True)
 
     return tuple(out)
 
@@ -161,15 +166,20 @@ class Root:
     setup: tuple[Action, ...]
 
 
-def _legacy_dir(c: CheckpointDir) -> None:
-    c.root.mkdir(parents=True, exist_ok=True)
-    path = c.path_of(7)
-    path.mkdir()
-    _write(path, LEGACY)
+def _legacy(step: int) -> Action:
+    """An unmarked directory of ``step`` holding :data:`LEGACY` (older code's, or a save
+    killed before its marker)."""
 
+    def run(c: CheckpointDir) -> None:
+        c.root.mkdir(parents=True, exist_ok=True)
+        path = c.path_of(step)
+        path.mkdir()
+        _write(path, LEGACY)
 
-def _apply_legacy(m: RootModel) -> None:
-    m.legacy[7] = files_of(LEGACY)
+    def apply(m: RootModel) -> None:
+        m.legacy[step] = files_of(LEGACY)
+
+    return Action(f"setup_legacy_{step}", run, apply)
 
 
 _TWO = (
@@ -181,7 +191,7 @@ _TWO = (
 ROOTS: tuple[Root, ...] = (
     Root("empty", "", ()),
     Root("two", "", _TWO),
-    Root("legacy", "", (Action("setup_legacy", _legacy_dir, _apply_legacy),)),
+    Root("legacy", "", (_legacy(7),)),
     Root(
         "prefixed",
         "checkpoint-",
@@ -190,6 +200,9 @@ ROOTS: tuple[Root, ...] = (
             Action("setup_named", _named("interrupted", B), _apply_named("interrupted", B)),
         ),
     ),
+    Root("mixed", "", (_legacy(1), Action("setup_2", *_commit(2, B)))),
 )
 """The starting roots: empty; two committed steps with an alias and a best pointer; a
-legacy unmarked directory; a prefixed root with a step and a named checkpoint."""
+legacy unmarked directory; a prefixed root with a step and a named checkpoint; an
+unmarked step 1 below a complete step 2 (what retention and the best pointer must not
+take for a checkpoint)."""

@@ -158,7 +158,8 @@ def observe(root: Path, *, prefix: str = "") -> Observation:
     ``entries()``; aliases and the files beside the root read off the directory).
 
     Raises ``AssertionError`` where the root breaks a promise no model state could
-    describe: a complete step that does not verify, a dangling alias or best pointer.
+    describe: a complete step that does not verify, a dangling alias or best pointer,
+    ``checkpoints()`` or ``steps()`` not in ascending order.
     """
     out: Observation = {}
     parent = root.parent
@@ -169,7 +170,11 @@ def observe(root: Path, *, prefix: str = "") -> Observation:
     if not root.is_dir():
         return out
     ckpts = CheckpointDir(root, prefix=prefix, durable=False, workers=1)
-    for c in ckpts.checkpoints():
+    found = ckpts.checkpoints()
+    order = [c.step for c in found]
+    if order != sorted(order) or ckpts.steps() != sorted(order):
+        raise AssertionError(f"checkpoints() {order} and steps() {ckpts.steps()} not ascending")
+    for c in found:
         try:
             ckpts.verify(c.step)
         except CheckpointError as exc:

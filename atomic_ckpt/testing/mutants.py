@@ -23,6 +23,7 @@ from atomic_ckpt._core.l4_protocol import commit as _commit
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import stage as _stage
+from atomic_ckpt.testing.defects import DEFECTS
 
 __all__ = ["API_MUTANTS", "KILLED_BY", "STEPS", "api_mutant", "mutant"]
 
@@ -238,8 +239,10 @@ API_MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = 
     "rejoin_replaces_committed": _rejoin_replaces,
     "own_alias_after_publish": _own_alias_unchecked,
     "carry_trusts_changed_source": _carry_trusts_source,
+    **DEFECTS,
 }
-"""The review defects, by name: each a context manager that puts one back."""
+"""The review defects, by name: each a context manager that puts one back (those of the
+outside attack from :mod:`atomic_ckpt.testing.defects`)."""
 
 
 def api_mutant(name: str) -> contextlib.AbstractContextManager[None]:
@@ -260,6 +263,19 @@ KILLED_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "rejoin_replaces_committed": ("two", ("join_alone",)),
     "own_alias_after_publish": ("empty", ("named_own_alias",)),
     "carry_trusts_changed_source": ("two", ("carry_changed",)),
+    "retention_drops_latest": ("prefixed", ("retain_every",)),
+    "prune_counts_unmarked": ("mixed", ("prune",)),
+    "clean_force_removes_live_staging": ("empty", ("clean_force_in_commit",)),
+    "amend_drops_nested_files": ("two", ("amend_nested",)),
+    "thread_join_error_not_aborting": ("empty", ("join_thread_raises",)),
+    "carry_ignores_inode": ("two", ("carry_replaced",)),
+    "dedup_compares_size_only": ("two", ("commit_dedup",)),
+    "set_best_accepts_unmarked": ("mixed", ("set_best",)),
+    "steps_descending": ("two", ("set_best",)),
+    "async_close_swallows_error": ("empty", ("async_save_raises",)),
+    "async_save_drops_error": ("empty", ("async_save_after_failure",)),
+    "replace_leaves_old_copy": ("two", ("commit_replace",)),
+    "replace_aliases_always": ("two", ("commit_keep_aliases",)),
 }
 """For each API mutant, a sequence of the default model check (a starting root of
 :data:`~atomic_ckpt.testing.alphabet.ROOTS`, action names) that fails with it put back."""

@@ -4,13 +4,14 @@ last action once, and check every ``kill`` and ``power`` crash state of it.
 The actions before the last one run unrecorded (the durable starting state, as in
 CrashMonkey's ACE: their own crash states are those of shorter sequences). Each one's
 outcome is compared with the model live (the exception it must raise, the state it must
-leave); then every crash state of the last action must be, for each entry, the model
-before it or after it (steps and named checkpoints it changes move together unless it
-is ``multi``), with no alias naming a save it does not belong to; every complete step
-verifies; ``clean()`` changes nothing observable and ``clean(force=True)`` then leaves no
-leftovers; and ``latest()`` is the highest complete step (a resume never starts fresh
-over something usable). A crash after the action's last operation must show the model
-after it: what returned is durable.
+leave, no temporary name left beside the checkpoints); then every crash state of the
+last action must be, for each entry, the model before it or after it (steps and named
+checkpoints it changes move together unless it is ``multi``), with no alias naming a
+save it does not belong to; every complete step verifies (and ``checkpoints()`` and
+``steps()`` ascend); ``clean()`` changes nothing observable and ``clean(force=True)`` then
+leaves no leftovers; and ``latest()`` is the highest complete step (a resume never starts
+fresh over something usable). A crash after the action's last operation must show the
+model after it: what returned is durable.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def _live(
 ) -> list[str]:
     """Run ``action`` for real: did it raise what the model says, and leave its state?"""
     problems: list[str] = []
+    before = _leftovers(ckpts.root)
     try:
         action.run(ckpts)
     except Exception as exc:
@@ -91,6 +93,9 @@ def _live(
     else:
         if expected is not None:
             problems.append(f"{action.name}: returned, the model says {expected.__name__}")
+    left = sorted(set(_leftovers(ckpts.root)) - set(before))
+    if left:  # PROTOCOL.md: once it returns (or raises), nothing of it is left beside
+        problems.append(f"{action.name}: left {left} beside the checkpoints")
     try:
         with _quiet():
             seen = observe(ckpts.root, prefix=ckpts.prefix)
@@ -100,6 +105,11 @@ def _live(
     if seen != want_obs:
         problems.append(f"{action.name}: left {_diff(seen, want_obs)}")
     return problems
+
+
+def _leftovers(root: Path) -> list[str]:
+    """The temporary names (``.tmp-``) in ``root``: staging dirs, old copies, lock files."""
+    return [n for n in os.listdir(root) if TMP_INFIX in n] if root.is_dir() else []
 
 
 def _diff(seen: Observation, want: Observation) -> str:
