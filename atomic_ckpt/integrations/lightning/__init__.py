@@ -39,8 +39,9 @@
 * :class:`AtomicModelCheckpoint` (a ``ModelCheckpoint``) replaces the ``last`` symlink
   atomically (a new link renamed over the old one: ``last`` is never absent, and never
   names a file that is not yet durable), deletes a top-k file that ``last`` still names
-  only after ``last`` has moved on, and at setup removes the temporary files of saves a
-  crash interrupted (:func:`atomic_ckpt.clean_temporaries`).
+  only after ``last`` has moved on, and when a fit sets up removes the temporary files of
+  saves a crash interrupted (:func:`atomic_ckpt.clean_temporaries`); a validate, test or
+  predict run leaves the directory alone (it may run beside a training still saving there).
   Everything else is ``ModelCheckpoint``'s: the signature, and the state in a checkpoint,
   filed under ``ModelCheckpoint``'s key (a run can switch to or from it and resume its best
   and top-k bookkeeping).

@@ -105,9 +105,11 @@ class _AtomicModelCheckpoint(_ModelCheckpointBase):
 
     def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if trainer.is_global_zero and self.dirpath is not None:
-            # The temporary files of saves a crash interrupted (Lightning allows one trainer
-            # per directory, and this one has not started saving).
+        if trainer.is_global_zero and self.dirpath is not None and stage == "fit":
+            # The temporary files of saves a crash interrupted. Only a fit owns the
+            # directory (Lightning allows one fit per directory, and this one has not
+            # started saving); a validate, test or predict run may be an evaluation beside
+            # a training that is still saving there, so it leaves the directory alone.
             for path in clean_temporaries(self.dirpath):
                 log.info("removed %s, left by an interrupted save", path)
         for io in _checkpoint_io_chain(trainer):
