@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,21 @@ from atomic_ckpt import CheckpointDir
 def ckpts(tmp_path: Path) -> CheckpointDir:
     """A CheckpointDir on a fresh root (not yet created on disk)."""
     return CheckpointDir(tmp_path / "ckpts")
+
+
+@pytest.fixture(scope="session")
+def mypy_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A mypy cache directory for the tests that run `mypy --strict` (tests/typing,
+    tests/remote): this worker's own copy of the repository's ``.mypy_cache`` when one
+    exists (``.ci/run``'s mypy stage writes it, with the same options), else empty, and
+    shared by this worker's mypy runs. mypy re-checks every module whose source or options
+    changed, so the errors are the same; what is skipped is re-analysing torch's and the
+    other dependencies' stubs, about half a minute per run."""
+    where = tmp_path_factory.mktemp("mypy-cache") / "cache"
+    repo_cache = Path(__file__).resolve().parent.parent / ".mypy_cache"
+    if repo_cache.is_dir():
+        shutil.copytree(repo_cache, where, symlinks=True, ignore_dangling_symlinks=True)
+    return where
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ ckpts.commit("7")
 """
 
 
-def test_remote_api_types(tmp_path: Path) -> None:
+def test_remote_api_types(tmp_path: Path, mypy_cache_dir: Path) -> None:
     """mypy --strict passes the user-style check file and reports both canary mistakes."""
     canary = tmp_path / "canary_remote.py"
     canary.write_text(CANARY)
@@ -38,7 +38,7 @@ def test_remote_api_types(tmp_path: Path) -> None:
             "--strict",
             "--no-error-summary",
             "--cache-dir",
-            str(tmp_path / "cache"),
+            str(mypy_cache_dir),
             str(HERE / "check_remote_api.py"),
             str(canary),
         ],

@@ -47,7 +47,9 @@ CANARY_ERRORS = {
 
 
 @pytest.fixture(scope="module")
-def mypy_errors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+def mypy_errors(
+    tmp_path_factory: pytest.TempPathFactory, mypy_cache_dir: Path
+) -> dict[str, list[str]]:
     """Run `mypy --strict` once on every check file and the canary; its errors by file name."""
     scratch = tmp_path_factory.mktemp("mypy")
     canary = scratch / "canary_wrong.py"
@@ -63,7 +65,7 @@ def mypy_errors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]
             "--no-error-summary",
             "--show-error-codes",
             "--cache-dir",
-            str(scratch / "cache"),
+            str(mypy_cache_dir),
             *map(str, CHECKS),
             str(canary),
         ],
