@@ -13,6 +13,7 @@ import pytest
 from model_cli import CLI_ACTIONS
 
 from atomic_ckpt.testing.alphabet import ALPHABET, ROOTS, by_name
+from atomic_ckpt.testing.mutants import api_mutant
 from atomic_ckpt.testing.sequences import Totals, check_sequence, sequences
 
 ROOT = {r.name: r for r in ROOTS}
@@ -42,6 +43,16 @@ def test_aliases_and_the_best_pointer_never_dangle_under_reordering(action: str)
     outcome = check_sequence(ROOT["two"], (by_name(action),), models=SUBSET)
     assert outcome.states_checked > 0
     assert outcome.ok, str(outcome)
+
+
+def test_replace_aliases_unlinks_durably_before_the_promotion() -> None:
+    """The drop of the older save's aliases is fsynced before the exchange: with that
+    fsync switched off (the ``drop_aliases_not_durable`` mutant), some reordered crash
+    state shows an old alias on the new contents; only ``subset`` can see it."""
+    action = (by_name("commit_replace_aliases"),)
+    with api_mutant("drop_aliases_not_durable"):
+        assert check_sequence(ROOT["two"], action).ok  # invisible to kill and power
+        assert not check_sequence(ROOT["two"], action, models=SUBSET).ok
 
 
 @pytest.mark.parametrize("root", ROOTS, ids=lambda r: r.name)
