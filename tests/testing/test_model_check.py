@@ -18,6 +18,7 @@ from model_cli import CLI_ACTIONS
 from strategies import examples
 
 from atomic_ckpt import CheckpointDir, StepConflictError
+from atomic_ckpt._core.l5_facade import closing as _closing
 from atomic_ckpt.testing.actions import A, Action
 from atomic_ckpt.testing.alphabet import ACTIONS, ALPHABET, EXCLUDED, ROOTS, by_name
 from atomic_ckpt.testing.histories import SLOW, check_history, random_plans, run_history
@@ -147,6 +148,9 @@ def test_each_review_defect_put_back_is_caught(name: str) -> None:
     with api_mutant(name):
         broken = check_sequence(ROOT[root], actions, models=models)
     assert not broken.ok, f"{name} survived: {broken}"
+    # nothing of the mutant outlives it: no failure left for the exit hook to report
+    # (it would make this run exit 1 with every test passed)
+    assert not _closing._UNOBSERVED, f"{name} left {list(_closing._UNOBSERVED.values())}"
     assert check_sequence(ROOT[root], actions, models=models).ok
 
 
