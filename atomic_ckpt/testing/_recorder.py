@@ -318,16 +318,16 @@ class _Recorder(_Mirror):
         return mark_complete
 
     def _delete_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        def move_aside(root: Root, paths: list[Path]) -> Any:
+        def move_aside(root: Root, paths: list[Path], **kw: Any) -> Any:
             if self.rel(root.path) is None:
-                return real(root, paths)
+                return real(root, paths, **kw)
             steps = tuple(
                 s for s in (parse_step(Path(p).name, root.prefix) for p in paths) if s is not None
             )
             with self.lock:
                 self.observe()
             save = self._begin(_Save("delete", steps, len(self.ops)))
-            result = real(root, paths)
+            result = real(root, paths, **kw)
             save.end = len(self.ops)
             return result
 

@@ -142,17 +142,30 @@ def _begin_abort(c: CheckpointDir) -> None:
     handle.abort()
 
 
-def _named(name: str, files: Mapping[str, bytes]) -> Callable[[CheckpointDir], object]:
+def _named(
+    name: str,
+    files: Mapping[str, bytes],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    aliases: tuple[str, ...] = (),
+) -> Callable[[CheckpointDir], object]:
     def run(c: CheckpointDir) -> None:
-        with c.commit_named(name) as p:
+        with c.commit_named(name, metadata=metadata, aliases=aliases) as p:
             _write(p, files)
 
     return run
 
 
-def _apply_named(name: str, files: Mapping[str, bytes]) -> Callable[[RootModel], None]:
+def _apply_named(
+    name: str,
+    files: Mapping[str, bytes],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    aliases: tuple[str, ...] = (),
+) -> Callable[[RootModel], None]:
     def apply(m: RootModel) -> None:
-        m.named[name] = Saved.of(files)
+        m.named[name] = Saved.of(files, metadata)
+        m.point(list(aliases), ("named", name), replace=False)
 
     return apply
 
@@ -235,13 +248,14 @@ def _apply_amend_files(m: RootModel) -> None:
 
 
 def _amend_meta(c: CheckpointDir) -> None:
-    with c.amend(1, metadata={"loss": 0.25}):
+    """Metadata only, on step 2 (which has metadata of its own: the two merge)."""
+    with c.amend(2, metadata={"lr": 0.25}):
         pass
 
 
 def _apply_amend_meta(m: RootModel) -> None:
-    old = m.require_step(1)
-    m.steps[1] = Saved(old.files, Saved.of({}, {**old.meta(), "loss": 0.25}).metadata)
+    old = m.require_step(2)
+    m.steps[2] = Saved(old.files, Saved.of({}, {**old.meta(), "lr": 0.25}).metadata)
 
 
 def _amend_raises(c: CheckpointDir) -> None:
@@ -261,8 +275,10 @@ def _apply_amend_raises(m: RootModel) -> None:
 def _apply_promote(m: RootModel) -> None:
     if "interrupted" not in m.named:
         raise Refused(CheckpointNotFoundError, "no named checkpoint interrupted")
-    m.steps[1] = m.named.pop("interrupted")
-    m.drop_target(("named", "interrupted"))
+    m.legacy.pop(1, None)
+    m.steps[1] = m.named.pop("interrupted")  # its metadata too
+    for alias in m.aliases_of(("named", "interrupted")):  # its aliases follow it
+        m.aliases[alias] = ("step", 1)
 
 
 def _apply_set_best(step: int) -> Callable[[RootModel], None]:

@@ -133,8 +133,8 @@ def _actions() -> tuple[Action, ...]:
         add(name, run, apply, multi=True, midway=midway)
     for name, (run, apply) in EDGES.items():
         add(name, run, apply, crash=name not in LIVE_EDGES)
-    for name, (run, apply) in MULTI_EDGES.items():
-        add(name, run, apply, multi=True)
+    for name, (run, apply, phase) in MULTI_EDGES.items():
+        add(name, run, apply, multi=True, midway=phase)
 
     return tuple(out)
 
@@ -182,6 +182,9 @@ def _legacy(step: int) -> Action:
     return Action(f"setup_legacy_{step}", run, apply)
 
 
+NAMED_META = {"epoch": 1}
+"""The prefixed root's named checkpoint's metadata (a promotion must keep it)."""
+
 _TWO = (
     Action("setup_1", *_commit(1, A)),
     Action("setup_2", *_commit(2, B, metadata={"loss": 0.5}, aliases=("a",))),
@@ -197,12 +200,17 @@ ROOTS: tuple[Root, ...] = (
         "checkpoint-",
         (
             *_TWO[:1],
-            Action("setup_named", _named("interrupted", B), _apply_named("interrupted", B)),
+            Action(
+                "setup_named",
+                _named("interrupted", B, metadata=NAMED_META, aliases=("b",)),
+                _apply_named("interrupted", B, metadata=NAMED_META, aliases=("b",)),
+            ),
         ),
     ),
     Root("mixed", "", (_legacy(1), Action("setup_2", *_commit(2, B)))),
 )
 """The starting roots: empty; two committed steps with an alias and a best pointer; a
-legacy unmarked directory; a prefixed root with a step and a named checkpoint; an
+legacy unmarked directory; a prefixed root with a step and a named checkpoint (with
+metadata and alias ``b``, which a promotion must carry to the step); an
 unmarked step 1 below a complete step 2 (what retention and the best pointer must not
 take for a checkpoint)."""

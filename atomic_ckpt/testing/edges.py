@@ -2,7 +2,8 @@
 directories, a deduplicated commit, a carry from a source replaced by a same-size file,
 a joined block failing in another thread, ``clean(force=True)`` inside an open commit, a
 keep-every retention, a replace that keeps the older save's aliases, an async save after
-a failed one.
+a failed one; and from the attack on the model check itself: a plain ``clean()`` inside an
+open commit, ``verify()`` of a step missing a file, a retention keeping two steps.
 
 Each is a pair (``run`` on a :class:`~atomic_ckpt.CheckpointDir`, ``apply`` to a
 :class:`~atomic_ckpt.testing.model.RootModel`) like those of
@@ -16,7 +17,13 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from atomic_ckpt import AsyncCommitter, CheckpointDir, CommitStateError, VerificationError
+from atomic_ckpt import (
+    AsyncCommitter,
+    CheckpointDir,
+    CommitStateError,
+    RetentionPolicy,
+    VerificationError,
+)
 from atomic_ckpt.testing.actions import PART, A, B, Boom, _commit, _write
 from atomic_ckpt.testing.model import Refused, RootModel, Saved, files_of
 from atomic_ckpt.testing.parts import CARRY_SOURCE, Apply, Run, _carried
@@ -104,6 +111,41 @@ def clean_force_in_commit(c: CheckpointDir) -> None:
         c.clean(force=True)
 
 
+def clean_in_commit(c: CheckpointDir) -> None:
+    """``clean()`` (not forced) while this process has a commit open: the live staging
+    dir is left alone, and the commit publishes."""
+    with c.commit(3) as p:
+        _write(p, A)
+        c.clean()
+
+
+def verify_damaged(c: CheckpointDir) -> None:
+    """Step 1's model.bin is moved away by hand, then ``verify(1)`` runs: it must name
+    the missing file (VerificationError); the file is put back after."""
+    source = c.path_of(1) / CARRY_SOURCE
+    keep = c.root.parent / "verify-original.bin"
+    moved = source.is_file() and not source.is_symlink()
+    if moved:
+        os.rename(source, keep)
+    try:
+        c.verify(1)
+    finally:
+        if moved:
+            os.rename(keep, source)
+
+
+def apply_verify_damaged(m: RootModel) -> None:
+    if CARRY_SOURCE in dict(m.require_step(1).files):
+        raise Refused(VerificationError, "a file the manifest lists is missing")
+
+
+def commit_retain_two(c: CheckpointDir) -> None:
+    """Commit step 3 with ``retain=RetentionPolicy.last(2)``: the two highest steps stay
+    (named checkpoints are not steps: they count for nothing)."""
+    with c.commit(3, retain=RetentionPolicy.last(2)) as p:
+        _write(p, A)
+
+
 def async_after_failure(c: CheckpointDir) -> None:
     """A background save fails; the next ``save`` raises its error and starts nothing."""
     committer = AsyncCommitter(c)
@@ -143,14 +185,18 @@ EDGES: Mapping[str, tuple[Run, Apply]] = {
     # a replace of step 2 (alias a) adding alias b, replace_aliases=False: a stays
     "commit_keep_aliases": _commit(2, A, aliases=("b",)),
     "async_save_after_failure": (async_after_failure, refuse(Boom, "the first save raised")),
+    "clean_in_commit": (clean_in_commit, _commit(3, A)[1]),
+    "verify_damaged": (verify_damaged, apply_verify_damaged),
 }
 """The actions of this module by name."""
 
-MULTI_EDGES: Mapping[str, tuple[Run, Apply]] = {
-    "retain_every": (_retain_every, _apply_retain_every),
+MULTI_EDGES: Mapping[str, tuple[Run, Apply, Apply | None]] = {
+    "retain_every": (_retain_every, _apply_retain_every, None),
+    "commit_retain_two": (commit_retain_two, _commit(3, A, keep_last=2)[1], _commit(3, A)[1]),
 }
 """``retain_every`` (``keep_every=2`` alone: only the latest-always rule keeps an odd
-latest step), added with ``multi`` (a retention deletes steps one by one)."""
+latest step) and ``commit_retain_two`` (its first phase, the commit, as ``midway``),
+added with ``multi`` (a retention deletes steps one by one): (run, apply, midway)."""
 
-LIVE_EDGES = frozenset({"carry_replaced"})
+LIVE_EDGES = frozenset({"carry_replaced", "verify_damaged"})
 """Checked live only, as ``carry_changed`` (the action changes a committed file itself)."""

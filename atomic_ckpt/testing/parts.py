@@ -247,6 +247,12 @@ def begin_raises(c: CheckpointDir) -> None:
         raise Boom("the begin block failed")
 
 
+def begin_named_raises(c: CheckpointDir) -> None:
+    with c.begin_named("interrupted") as handle:
+        _write(handle.path, A)
+        raise Boom("the named begin block failed")
+
+
 def async_raises(c: CheckpointDir) -> None:
     committer = AsyncCommitter(c)
     try:
@@ -288,6 +294,7 @@ PARTS: Mapping[str, tuple[Run, Apply]] = {
     "carry_changed": (carry_changed, apply_carry_changed),
     "carry_raises": (carry_raises, apply_carry_raises),
     "begin_raises": (begin_raises, refuse(Boom, "the block raised")),
+    "begin_named_raises": (begin_named_raises, refuse(Boom, "the block raised")),
     "async_save_raises": (async_raises, refuse(Boom, "the background save raised")),
     "atomic_write_raises": (atomic_write_raises, refuse(Boom, "the block raised")),
 }

@@ -6,7 +6,8 @@ CrashMonkey's ACE: their own crash states are those of shorter sequences). Each 
 outcome is compared with the model live (the exception it must raise, the state it must
 leave, no temporary name left beside the checkpoints); then every crash state of the
 last action must be, for each entry, the model before it or after it (steps and named
-checkpoints it changes move together unless it is ``multi``), with no alias naming a
+checkpoints it changes move together unless it is ``multi``; an action with a ``midway``
+phase shows its second phase only once its first is there), with no alias naming a
 save it does not belong to; every complete step verifies (and ``checkpoints()`` and
 ``steps()`` ascend); ``clean()`` changes nothing observable and ``clean(force=True)`` then
 leaves no leftovers; and ``latest()`` is the highest complete step (a resume never starts
@@ -142,6 +143,19 @@ def _judge(
                 f"{key} is {_short(obs.get(key))}: neither before ({_short(before.get(key))}) "
                 f"nor after ({_short(after.get(key))})"
                 + (f" nor midway ({_short(mid.get(key))})" if midway is not None else "")
+            )
+    if midway is not None:  # the first phase is durable before the second shows at all
+        second = [
+            k
+            for k in set(mid) | set(after)
+            if obs.get(k) == after.get(k) not in (mid.get(k), before.get(k))
+        ]
+        first = [k for k in set(before) | set(mid) if before.get(k) != mid.get(k)]
+        behind = [k for k in first if obs.get(k) not in (mid.get(k), after.get(k))]
+        if second and behind:
+            raise AssertionError(
+                f"{sorted(second)} show {action.name}'s second phase while {sorted(behind)} "
+                "are still as before its first"
             )
     changed = [
         k

@@ -260,21 +260,23 @@ class Commit(JoinedBlocks):
                 _delete.drop_aliases(root, final.name, keep=self.aliases)
             old = self._old = _stage.promote(root, staging, final)
             self._promoted = True
-            # The aliases follow the rename at once (a crash between the two leaves an
-            # alias missing or naming this step's older version, never dangling).
-            _delete.point_aliases(root, self.aliases, final.name)
-            # 6. fsync the root: this makes the rename (and the aliases) durable.
-            try:
-                sync.root(root.path)
-            except OSError as exc:
-                raise NotDurableError(
-                    f"checkpoint {final} was promoted and is visible, but fsync of "
-                    f"{root.path} failed ({exc}): it may not survive a power loss. "
-                    + (f"The old copy is kept at {old} for clean(). " if old else "")
-                    + "Check the disk, then commit this step again",
-                    path=final,
-                    step=self._step,
-                ) from exc
+            # 6. fsync the root: the rename durable; then the aliases follow it, fsynced
+            #    again (a crash between leaves an alias missing or naming this step's older
+            #    save, never dangling nor naming the new one before it is there, in
+            #    whatever order the filesystem keeps a directory's changes).
+            for aliases in ([], self.aliases) if self.aliases else ([],):
+                _delete.point_aliases(root, aliases, final.name)
+                try:
+                    sync.root(root.path)
+                except OSError as exc:
+                    raise NotDurableError(
+                        f"checkpoint {final} was promoted and is visible, but fsync of "
+                        f"{root.path} failed ({exc}): it may not survive a power loss. "
+                        + (f"The old copy is kept at {old} for clean(). " if old else "")
+                        + "Check the disk, then commit this step again",
+                        path=final,
+                        step=self._step,
+                    ) from exc
         # 7. Remove the old copy, if any: it sits under a name the scanner ignores.
         if old is not None:
             try:

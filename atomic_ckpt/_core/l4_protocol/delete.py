@@ -55,17 +55,21 @@ def release_one(lock: _locks.Lock, *, remove: bool = False, leaving: Path | None
 # --------------------------------------------------------------------------- deleting
 
 
-def move_aside(root: Root, paths: list[Path]) -> Moved:
+def move_aside(root: Root, paths: list[Path], *, unlinked: bool = False) -> Moved:
     """Move checkpoint directories out of sight, durably (call under the root lock).
 
     Each gets a token lock and a ``N.tmp-del-<t>`` name (in the root's form); the aliases naming it
-    go; the root is fsynced once. A path that is already gone is skipped.
+    go; the root is fsynced once. A path that is already gone is skipped. ``unlinked``:
+    the caller removed a link naming one of ``paths`` (the best pointer) just before.
     """
     moved: Moved = []
     if not paths:
         return moved  # nothing to move: not even a listing of the root
-    # The aliases go first: a crash after this leaves them missing, never dangling.
-    remove_aliases(root, {path.name for path in paths})
+    # The links naming them go first, durably: a crash after this leaves them missing,
+    # never dangling (without the fsync, a filesystem that does not keep the order of
+    # a directory's changes could keep the renames below and lose the unlinks).
+    if remove_aliases(root, {path.name for path in paths}) or unlinked:
+        root.sync.root(root.path)
     try:
         for path in paths:
             token, lock = _stage.new_lock(root, path.name)
@@ -191,12 +195,14 @@ def remove_alias(root: Root, alias: str) -> None:
         root.sync.root(root.path)
 
 
-def remove_aliases(root: Root, names: set[str]) -> None:
+def remove_aliases(root: Root, names: set[str]) -> list[Path]:
     """Remove the aliases naming the (deleted) directories ``names`` (under the root
-    lock; the caller fsyncs the root), so none is ever left dangling."""
-    for alias in aliases_of(root, names):
+    lock; the caller fsyncs the root), so none is ever left dangling; the ones removed."""
+    found = aliases_of(root, names)
+    for alias in found:
         with contextlib.suppress(FileNotFoundError):
             _fs.unlink(alias)
+    return found
 
 
 # --------------------------------------------------------------------------- the best pointer
@@ -255,7 +261,8 @@ def delete(root: Root, step: int, *, force: bool) -> Path:
     require_complete(root, step)  # a missing root (or step) before its lock: not found
     with root.locked():
         ckpt = require_complete(root, step)
-        if best_step(root) == step:
+        is_best = best_step(root) == step
+        if is_best:
             if not force:
                 raise StepConflictError(
                     f"{ckpt.path} is the best checkpoint ({BEST_LINK} names it): pass "
@@ -264,7 +271,7 @@ def delete(root: Root, step: int, *, force: bool) -> Path:
                     step=step,
                 )
             _fs.unlink(root.path / BEST_LINK)
-        moved = move_aside(root, [ckpt.path])
+        moved = move_aside(root, [ckpt.path], unlinked=is_best)
     remove_moved(root, moved)
     return ckpt.path
 
