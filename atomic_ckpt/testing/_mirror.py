@@ -130,9 +130,10 @@ class _Mirror:
         by: Literal["library", "observed", "traced"] = "library",
         torn: Data | None = None,
         writes: tuple[Write, ...] | None = None,
+        covers: int | None = None,
     ) -> None:
         self.ops.append(
-            Op(len(self.ops), kind, inode, description, effects, data, by, torn, writes)
+            Op(len(self.ops), kind, inode, description, effects, data, by, torn, writes, covers)
         )
         if inode < 0:  # a sync of everything
             return

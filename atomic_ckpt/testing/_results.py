@@ -139,6 +139,10 @@ class Op:
     """Traced data ops: the writes this op stands for (:mod:`._writes`), applied to the
     file as a crash state has it; None: ``data`` is the file's contents whatever came
     before (the library's hooks)."""
+    covers: int | None = None
+    """sync ops: only the operations before this index are made durable (those that
+    completed before the fsync began; one completing while it ran is not covered); None:
+    every earlier one."""
 
 
 @dataclass(frozen=True)

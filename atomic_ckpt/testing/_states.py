@@ -84,9 +84,15 @@ class _CrashModel:
         for op in self.ops:
             if op.kind == "sync":
                 synced = list(pending) if op.inode == ALL_INODES else [op.inode]
+                bound = op.index if op.covers is None else op.covers
                 for inode in synced:
-                    for i in pending.pop(inode, []):
-                        self._next_sync[i] = op.index
+                    waiting = pending.pop(inode, [])
+                    for i in waiting:
+                        if i < bound:
+                            self._next_sync[i] = op.index
+                    later = [i for i in waiting if i >= bound]  # completed while it ran
+                    if later:
+                        pending[inode] = later
             else:
                 pending.setdefault(op.inode, []).append(op.index)
         # For each traced data op: its file's contents just before it, when every earlier
@@ -98,6 +104,18 @@ class _CrashModel:
                 self._prior[op.index] = last[op.inode]
                 last[op.inode] = op.data
         self._replayed: dict[tuple[int, object, int], tuple[Data, Data]] = {}
+
+    def _journal_bound(self, k: int) -> int:
+        """The ops before the last fsync among the first ``k`` began (an fsync commits the
+        journal with every earlier name; one made while it ran may miss that commit)."""
+        return max(
+            (
+                op.index if op.covers is None else op.covers
+                for op in self.ops[:k]
+                if op.kind == "sync"
+            ),
+            default=-1,
+        )
 
     def covered(self, k: int) -> frozenset[int]:
         """Operations among the first ``k`` that an fsync among them made durable."""
@@ -229,9 +247,9 @@ class _CrashModel:
         own fate (:func:`_per_write`, the other files kept); and ``samples`` random mixes
         drawn from ``rng`` (the audit's seed), a run's writes mixed too."""
         yield _Candidate(k, "power", covered, {}, "power loss: only what was fsynced survives")
-        last_sync = max((op.index for op in self.ops[:k] if op.kind == "sync"), default=-1)
+        last_sync = self._journal_bound(k)
         journaled = {i for i in loose if self.ops[i].kind == "entry" and i < last_sync}
-        tail = [i for i in loose if self.ops[i].kind == "entry" and i > last_sync]
+        tail = [i for i in loose if self.ops[i].kind == "entry" and i >= last_sync]
         unsynced = [i for i in loose if self.ops[i].kind == "data"]
         fates: tuple[DataFate, ...] = ("lost", "kept", "zero", "torn")
         runs = {i: len(self.ops[i].writes or ()) for i in unsynced}
@@ -278,9 +296,9 @@ class _CrashModel:
         rng: random.Random,
         samples: int,
     ) -> Iterator[_Candidate]:
-        last_sync = max((op.index for op in self.ops[:k] if op.kind == "sync"), default=-1)
+        last_sync = self._journal_bound(k)
         journaled = {i for i in loose if self.ops[i].kind == "entry" and i < last_sync}
-        tail = [i for i in loose if self.ops[i].kind == "entry" and i > last_sync]
+        tail = [i for i in loose if self.ops[i].kind == "entry" and i >= last_sync]
         unsynced = [i for i in loose if self.ops[i].kind == "data"]
         fates_all: list[DataFate] = ["lost", "kept", "zero", "torn"]
         for j in range(len(tail) + 1):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._procs import run_traced
-from atomic_ckpt.testing.audit._syscalls import TRACED
+from atomic_ckpt.testing.audit._syscalls import STRACE_TRACE
 
 AT_FDCWD = -100
 
@@ -73,7 +73,7 @@ def record_command(
         "-e",
         "write=all",
         "-e",
-        f"trace={TRACED}",
+        f"trace={STRACE_TRACE}",
         "-o",
         str(trace),
         "--",

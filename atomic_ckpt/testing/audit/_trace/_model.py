@@ -59,6 +59,10 @@ class _Run:
     """(write, offset, payload, 0), (truncate, length, b"", 0), (zero, offset, b"", length)"""
     calls: int = 0
     written: int = 0
+    line: int = 0
+    """The trace line its last call completed on."""
+    lines: list[int] = field(default_factory=list)
+    """The trace line each event's call completed on."""
 
 
 class _Replay(_Mirror):
@@ -85,6 +89,11 @@ class _Replay(_Mirror):
         self._start_cwd = os.getcwd()
         self.refusals: list[tuple[str, str]] = []
         """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
+        self.line = 0
+        """The trace line of the call being replayed."""
+        self.op_lines: list[int] = []
+        """For each op, the trace line its (last) call completed on: an fsync covers only
+        the ops that completed before it began (:meth:`_synced`)."""
 
     def ignores(self, name: str) -> bool:
         """Nothing is left out: the audit sees the tree as the workload's checker does."""
@@ -99,6 +108,7 @@ class _Replay(_Mirror):
     ) -> None:
         """The mirror's emit, keeping :attr:`dirty` (files with unsynced data)."""
         super().emit(kind, inode, description, **kw)
+        self.op_lines.append(self.line)
         if kind == "data":
             self.dirty.add(inode)
 
@@ -137,6 +147,10 @@ class _Replay(_Mirror):
         return None if rel is None else self._name_of(rel)
 
     # ---- paths
+
+    def _bases(self) -> tuple[str, str]:
+        """The audited directory's real path and its spelling."""
+        return self.root_real, self.root_alias
 
     def _rel(self, path: str | None) -> str | None:
         if path is None:
@@ -241,6 +255,7 @@ class _Replay(_Mirror):
         writes = coalesce(run.events)
         name = self._inode_names.get(run.inode, "?")
         what = f"{run.calls} write call{'s' if run.calls != 1 else ''}, {run.written} bytes"
+        self.line, line = run.line, self.line
         self.emit(
             "data",
             run.inode,
@@ -250,6 +265,7 @@ class _Replay(_Mirror):
             torn=replay(run.before, writes, data, "torn") if run.written else data,
             writes=writes,
         )
+        self.line = line
 
     def _op(
         self,
@@ -289,6 +305,8 @@ class _Replay(_Mirror):
             run.calls += 1
             run.written += len(payload)
         run.events.append((kind, offset, payload, length))
+        run.line = self.line
+        run.lines.append(self.line)
 
     def _name_tree(self, ino: int, rel: str) -> None:
         for name, child in self.inodes[ino].entries.items():

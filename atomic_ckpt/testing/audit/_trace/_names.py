@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from atomic_ckpt.testing.audit._strace import Call, int_arg, unescape
 from atomic_ckpt.testing.audit._trace._model import _Replay
@@ -10,6 +11,7 @@ from atomic_ckpt.testing.audit._trace._model import _Replay
 _AT_REMOVEDIR = 0x200
 _AT_SYMLINK_FOLLOW = 0x400
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _RENAME_WHITEOUT = 1, 2, 4
+_SUN_PATH = re.compile(r'sun_path=("(?:[^"\\]|\\.)*")')
 
 
 class _Names(_Replay):
@@ -32,12 +34,23 @@ class _Names(_Replay):
         self._op("entry", parent, f"{call.name} {rel}", ((name, inode),))
 
     def _is_root(self, call: Call, dirfd: str | None, path: str) -> bool:
-        """Whether ``path`` names the audited directory itself (refused: the model holds
-        it durable and always there, so the window without it could not be shown)."""
-        if self._rel(self._absolute(call.tid, dirfd, unescape(path))) != "":
-            return False
-        self._refuse(call, "the audited directory itself is renamed or removed", ".")
-        return True
+        """Whether ``path`` names the audited directory itself or a directory above it
+        (refused: the model holds it durable and always there, so the window without it
+        could not be shown; and a parent renamed away takes it along, so that every path
+        spelled through the new name is missed: audit5 attack 6)."""
+        absolute = os.path.normpath(self._absolute(call.tid, dirfd, unescape(path)))
+        if self._rel(absolute) == "":
+            self._refuse(call, "the audited directory itself is renamed or removed", ".")
+            return True
+        if any(base.startswith(absolute.rstrip("/") + "/") for base in self._bases()):
+            self._refuse(
+                call,
+                f"{absolute}, a directory above the audited one, is renamed or removed "
+                "(the audited directory goes with it)",
+                ".",
+            )
+            return True
+        return False
 
     def _removed(self, call: Call, dirfd: str | None, path: str) -> None:
         if self._is_root(call, dirfd, path):
@@ -166,3 +179,19 @@ class _Names(_Replay):
 
     def _sys_symlinkat(self, call: Call) -> None:
         self._symlinked(call, call.args[0], call.args[1], call.args[2])
+
+    def _sys_bind(self, call: Call) -> None:
+        """A Unix socket bound at a path makes a socket node there, by no open or mknod
+        (audit5 attack 4): refused in the tree, as a FIFO is (an abstract name, ``@"..."``,
+        makes none)."""
+        m = _SUN_PATH.search(call.args[1]) if len(call.args) > 1 else None
+        if m is None:
+            return
+        where = self._where(call, None, m[1])
+        if where is not None:
+            self._refuse(
+                call,
+                f"a Unix socket bound at {where[3]}: the crash states hold regular files, "
+                "directories and symlinks only",
+                where[3],
+            )

@@ -1,0 +1,192 @@
+"""The audit5 attack's findings, on recorded traces written out by hand (each exact, and
+fast): what a call that overlaps an fsync, an append flag or a durable-write flag does in
+the model. The corpus (``corpus/audit5.*``) holds the same workloads run for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from atomic_ckpt.testing._states import _CrashModel
+from atomic_ckpt.testing.audit._strace import read_calls
+from atomic_ckpt.testing.audit._trace import TraceRecorder
+
+
+def _dump(data: bytes) -> str:
+    return f" | 00000  {' '.join(f'{b:02x}' for b in data)}"
+
+
+def replay(tmp_path: Path, lines: list[str]) -> tuple[TraceRecorder, _CrashModel]:
+    """The trace ``lines`` ({root} for the audited directory) replayed on an empty root."""
+    root = tmp_path / "ckpts"
+    root.mkdir(parents=True)
+    trace = tmp_path / "trace"
+    trace.write_text("\n".join(lines).format(root=root) + "\n")
+    rec = TraceRecorder(root)
+    rec.feed(read_calls(trace))
+    return rec, _CrashModel(rec.ops, rec.inodes)
+
+
+OPEN = '100 openat(-100<{root}>, "w", 0x41, 0644) = 3<{root}/w>'
+
+
+def test_a_write_done_while_an_fsync_ran_is_not_covered_by_it(tmp_path: Path) -> None:
+    """fsync makes durable what was written before it began: a write of another thread
+    that completed while it ran may have missed it, so it stays unsynced (and the fsync
+    still covers the writes before it, even those of the same run)."""
+    rec, model = replay(
+        tmp_path,
+        [
+            OPEN,
+            '100 write(3<{root}/w>, ""..., 4) = 4',
+            _dump(b"aaaa"),
+            "101 fsync(3<{root}/w> <unfinished ...>",
+            '100 write(3<{root}/w>, ""..., 4) = 4',
+            _dump(b"bbbb"),
+            "101 <... fsync resumed>) = 0",
+        ],
+    )
+    kinds = [(op.kind, op.description) for op in rec.ops]
+    assert [k for k, _ in kinds] == ["entry", "data", "data", "sync"], kinds
+    assert "not covering #3" in kinds[3][1]
+    assert model.covered(len(rec.ops)) == {1}  # the first write only
+    assert model.uncovered(len(rec.ops)) == (0, 2)  # the name (no directory fsync), the tail
+
+
+def test_a_write_done_before_the_fsync_began_is_covered(tmp_path: Path) -> None:
+    """The same calls, the fsync begun after both writes: it covers them."""
+    rec, model = replay(
+        tmp_path,
+        [
+            OPEN,
+            '100 write(3<{root}/w>, ""..., 4) = 4',
+            _dump(b"aaaa"),
+            '100 write(3<{root}/w>, ""..., 4) = 4',
+            _dump(b"bbbb"),
+            "101 fsync(3<{root}/w>) = 0",
+        ],
+    )
+    assert [op.kind for op in rec.ops] == ["entry", "data", "sync"]
+    assert model.covered(len(rec.ops)) == {1}
+
+
+def test_a_rename_done_while_a_sync_ran_is_not_covered_by_it(tmp_path: Path) -> None:
+    """sync() (and a directory's fsync) cover only the names made before they began."""
+    rec, model = replay(
+        tmp_path,
+        [
+            OPEN,
+            "101 sync( <unfinished ...>",
+            '100 rename("{root}/w", "{root}/v") = 0',
+            "101 <... sync resumed>) = 0",
+        ],
+    )
+    assert [op.kind for op in rec.ops] == ["entry", "entry", "sync"]
+    assert model.covered(len(rec.ops)) == {0}
+    assert model.uncovered(len(rec.ops)) == (1,)
+
+
+def _contents(rec: TraceRecorder) -> bytes:
+    (inode,) = [i for i, n in enumerate(rec.inodes) if n.kind == "file"]
+    return bytes(rec.content[inode])
+
+
+def test_fcntl_setfl_o_append_makes_writes_append(tmp_path: Path) -> None:
+    """F_SETFL O_APPEND: the next write lands at the end whatever the offset; F_SETFL
+    without it: at the offset again."""
+    rec, _ = replay(
+        tmp_path,
+        [
+            OPEN,
+            '100 write(3<{root}/w>, ""..., 2) = 2',
+            _dump(b"aa"),
+            "100 fcntl(3<{root}/w>, 0x4, 0x400) = 0",
+            "100 lseek(3<{root}/w>, 0, 0) = 0",
+            '100 write(3<{root}/w>, ""..., 2) = 2',
+            _dump(b"bb"),
+            "100 fcntl(3<{root}/w>, 0x4, 0) = 0",
+            "100 lseek(3<{root}/w>, 0, 0) = 0",
+            '100 write(3<{root}/w>, ""..., 1) = 1',
+            _dump(b"c"),
+        ],
+    )
+    assert _contents(rec) == b"cabb"
+    assert rec.refusals == []
+
+
+def test_pwritev2_flags(tmp_path: Path) -> None:
+    """RWF_APPEND appends (the file offset unmoved by a positional write), RWF_NOAPPEND
+    writes at the offset on an O_APPEND descriptor, RWF_DSYNC makes the write durable, an
+    unknown flag is refused."""
+    rec, model = replay(
+        tmp_path,
+        [
+            '100 openat(-100<{root}>, "w", 0x441, 0644) = 3<{root}/w>',  # O_APPEND
+            '100 write(3<{root}/w>, ""..., 2) = 2',
+            _dump(b"aa"),
+            "100 pwritev2(3<{root}/w>, [...], 1, 0, 0x20) = 1",  # RWF_NOAPPEND: at 0
+            _dump(b"b"),
+            '100 openat(-100<{root}>, "w", 0x1) = 4<{root}/w>',
+            "100 pwritev2(4<{root}/w>, [...], 1, 0, 0x10) = 1",  # RWF_APPEND: at 2
+            _dump(b"c"),
+            "100 fsync(4<{root}/w>) = 0",
+            '100 write(4<{root}/w>, ""..., 1) = 1',  # the offset is still 0
+            _dump(b"d"),
+            "100 fsync(4<{root}/w>) = 0",
+            "100 pwritev2(4<{root}/w>, [...], 1, 3, 0x2) = 1",  # RWF_DSYNC
+            _dump(b"e"),
+        ],
+    )
+    assert _contents(rec) == b"dace"
+    assert rec.refusals == []
+    assert model.uncovered(len(rec.ops)) == (0,)  # only the name: the last write durable
+    rec, _ = replay(tmp_path / "x", [OPEN, "100 pwritev2(3<{root}/w>, [...], 1, 0, 0x100) = 1"])
+    assert [why for _, why in rec.refusals] == [
+        "cannot rebuild: pwritev2 (trace line 2): pwritev2 flags 0x100"
+    ]
+
+
+def test_unshare_gives_the_thread_its_own_table(tmp_path: Path) -> None:
+    """After unshare(CLONE_FILES) a thread's close and reopen of a number leave the other
+    threads' descriptor as it was: their fsync is of their own file."""
+    rec, _ = replay(
+        tmp_path,
+        [
+            OPEN,
+            '100 write(3<{root}/w>, ""..., 1) = 1',
+            _dump(b"a"),
+            "100 clone3({{flags=0x3d0f00, exit_signal=0}}, 88) = 101",
+            "101 unshare(0x400) = 0",
+            "101 close(3<{root}/w>) = 0",
+            '101 openat(-100<{root}>, "v", 0x41, 0644) = 3<{root}/v>',
+            "100 fsync(3<{root}/w>) = 0",
+        ],
+    )
+    synced = [op for op in rec.ops if op.kind == "sync"]
+    assert [op.description for op in synced] == ["fsync w"]
+
+
+def test_a_socket_bound_in_the_tree_is_refused(tmp_path: Path) -> None:
+    """bind() makes a socket node: refused in the tree, not elsewhere nor abstract."""
+    bind = "100 bind(4<UNIX-STREAM:[1]>, {{sa_family=0x1, sun_path=PATH}}, 7) = 0"
+    rec, _ = replay(tmp_path, [bind.replace("PATH", '"{root}/s"')])
+    assert [p for p, _ in rec.refusals] == ["s"]
+    for n, path in enumerate(('"/tmp/elsewhere.sock"', '@"abstract"')):
+        rec, _ = replay(tmp_path / str(n), [bind.replace("PATH", path)])
+        assert rec.refusals == []
+
+
+def test_chroot_and_mounts_are_refused_wherever_they_point(tmp_path: Path) -> None:
+    """A chroot, a mount or setns changes what every later path means: refused."""
+    for n, line in enumerate(
+        ('100 chroot("/elsewhere") = 0', '100 mount("/a", "/b", NULL, 0x1000, NULL) = 0')
+    ):
+        rec, _ = replay(tmp_path / str(n), [line])
+        assert len(rec.refusals) == 1, line
+
+
+def test_a_rename_of_a_parent_of_the_root_is_refused(tmp_path: Path) -> None:
+    """Renaming a directory above the audited one takes it along: refused."""
+    rec, _ = replay(tmp_path, ['100 rename("{root}/..", "/tmp/gone") = 0'])
+    assert ["directory above the audited one" in why for _, why in rec.refusals] == [True]
+    rec, _ = replay(tmp_path / "x", ['100 rename("{root}x", "/tmp/gone") = 0'])  # a sibling
+    assert rec.refusals == []
