@@ -130,7 +130,11 @@ class _CrashModel:
         )
 
     def _data(self, op: Op, base: Data, fate: DataFate | WriteFates) -> Data:
-        """What data op ``op`` leaves in a file holding ``base``, with ``fate``."""
+        """What data op ``op`` leaves in a file holding ``base``, with ``fate``. A traced
+        op zero-filled reads as zeros over the ranges it wrote only: what the file held
+        before (an fsynced record an append follows) is not zeroed with it."""
+        if fate == "zero" and op.writes is not None:
+            fate = ("zero",) * len(op.writes)
         if op.writes is None or (base is self._prior[op.index] and isinstance(fate, str)):
             if fate == "zero":
                 return zeros(len(op.data))

@@ -190,3 +190,23 @@ def test_a_rename_of_a_parent_of_the_root_is_refused(tmp_path: Path) -> None:
     assert ["directory above the audited one" in why for _, why in rec.refusals] == [True]
     rec, _ = replay(tmp_path / "x", ['100 rename("{root}x", "/tmp/gone") = 0'])  # a sibling
     assert rec.refusals == []
+
+
+def test_a_zero_filled_append_keeps_the_bytes_fsynced_before_it(tmp_path: Path) -> None:
+    """An unsynced append zero-filled by a power loss (ext4's delayed allocation: the size
+    reached the disk, the block did not) reads as zeros over its own range only: the
+    record fsynced before it stays (an append-only log was judged broken)."""
+    rec, model = replay(
+        tmp_path,
+        [
+            '100 openat(-100<{root}>, "w", 0x441, 0644) = 3<{root}/w>',
+            '100 write(3<{root}/w>, ""..., 2) = 2',
+            _dump(b"aa"),
+            "100 fsync(3<{root}/w>) = 0",
+            '100 write(3<{root}/w>, ""..., 2) = 2',
+            _dump(b"bb"),
+        ],
+    )
+    assert [op.kind for op in rec.ops] == ["entry", "data", "sync", "data"]
+    flat = model._build({0, 1, 3}, {3: "zero"})
+    assert [(p, bytes(d)) for p, kind, d in flat if kind == "file"] == [("w", b"aa\0\0")]
