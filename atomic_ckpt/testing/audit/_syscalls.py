@@ -12,7 +12,11 @@ MODELLED, REFUSED, IGNORED = "modelled", "refused", "ignored"
 # name -> (how, what the replay does with it, or why it refuses it)
 TABLE: dict[str, tuple[str, str]] = {
     # descriptors
-    "open": (MODELLED, "a descriptor; O_CREAT makes the name, O_TRUNC truncates (even O_RDONLY)"),
+    "open": (
+        MODELLED,
+        "a descriptor; O_CREAT makes the name, O_TRUNC truncates (even O_RDONLY), O_TMPFILE "
+        "an unnamed file",
+    ),
     "openat": (MODELLED, "as open, relative to a directory descriptor"),
     "openat2": (MODELLED, "as openat"),
     "creat": (MODELLED, "open with O_CREAT|O_WRONLY|O_TRUNC"),
@@ -62,7 +66,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "renameat": (MODELLED, "as rename"),
     "renameat2": (MODELLED, "as rename; RENAME_EXCHANGE swaps; RENAME_WHITEOUT refused"),
     "link": (MODELLED, "a second name for the inode; from outside the tree refused"),
-    "linkat": (MODELLED, "as link (AT_SYMLINK_FOLLOW follows)"),
+    "linkat": (
+        MODELLED,
+        "as link (AT_SYMLINK_FOLLOW follows); AT_EMPTY_PATH or /proc/self/fd/N: the "
+        "descriptor's file (an O_TMPFILE one named)",
+    ),
     "symlink": (MODELLED, "a symlink; one leading out of the tree that is used is refused"),
     "symlinkat": (MODELLED, "as symlink"),
     "bind": (MODELLED, "a Unix socket bound at a path in the tree (a socket node) refused"),

@@ -210,3 +210,46 @@ def test_a_zero_filled_append_keeps_the_bytes_fsynced_before_it(tmp_path: Path) 
     assert [op.kind for op in rec.ops] == ["entry", "data", "sync", "data"]
     flat = model._build({0, 1, 3}, {3: "zero"})
     assert [(p, bytes(d)) for p, kind, d in flat if kind == "file"] == [("w", b"aa\0\0")]
+
+
+def test_an_fsync_through_a_descriptor_whose_name_is_gone_counts(tmp_path: Path) -> None:
+    """strace decorates a descriptor whose name was removed ``3</p/w>(deleted)``: the call
+    is still the descriptor's (its fsync was dropped: a save giving its file a second name,
+    removing the first, then fsyncing was judged broken)."""
+    rec, model = replay(
+        tmp_path,
+        [
+            OPEN,
+            '100 write(3<{root}/w>, ""..., 1) = 1',
+            _dump(b"a"),
+            '100 link("{root}/w", "{root}/v") = 0',
+            '100 unlink("{root}/w") = 0',
+            "100 fsync(3<{root}/w>(deleted)) = 0",
+        ],
+    )
+    assert [op.kind for op in rec.ops] == ["entry", "data", "entry", "entry", "sync"]
+    assert model.covered(len(rec.ops)) == {1}
+
+
+def test_o_tmpfile_named_by_linkat(tmp_path: Path) -> None:
+    """An O_TMPFILE file is in no directory until linkat names it, by AT_EMPTY_PATH or by
+    /proc/self/fd/N with AT_SYMLINK_FOLLOW (it was refused as a file from outside)."""
+    for n, link in enumerate(
+        (
+            '100 linkat(3<{root}/#12>(deleted), "", -100<{root}>, "{root}/w", 0x1000) = 0',
+            '100 linkat(-100<{root}>, "/proc/self/fd/3", -100<{root}>, "{root}/w", 0x400) = 0',
+        )
+    ):
+        rec, model = replay(
+            tmp_path / str(n),
+            [
+                '100 openat(-100<{root}>, "{root}", 0x410001, 0644) = 3<{root}/#12>(deleted)',
+                '100 write(3<{root}/#12>(deleted), ""..., 2) = 2',
+                _dump(b"ab"),
+                "100 fsync(3<{root}/#12>(deleted)) = 0",
+                link,
+            ],
+        )
+        assert rec.refusals == [], link
+        assert [op.kind for op in rec.ops] == ["data", "sync", "entry"], link
+        assert model._build({0, 2}, {}) == (("w", "file", b"ab"),)

@@ -11,6 +11,7 @@ from atomic_ckpt.testing.audit._trace._model import _Open, _Replay, _Table
 
 _F_DUPFD, _F_DUPFD_CLOEXEC, _F_SETFD, _F_SETFL, _FD_CLOEXEC = 0, 1030, 2, 4, 1
 _CLOSE_RANGE_CLOEXEC = 4
+_O_TMPFILE = 0o20000000  # __O_TMPFILE (O_TMPFILE adds O_DIRECTORY)
 
 
 class _Descriptors(_Replay):
@@ -27,7 +28,15 @@ class _Descriptors(_Replay):
             self._table(call.tid).put(fd, opened, cloexec=bool(flags & os.O_CLOEXEC))
             return
         inode: int | None = _UNIVERSE if rel == "" else None
-        if rel:
+        if flags & _O_TMPFILE:  # an unnamed file in the directory: linkat names it
+            where = self._rel(self._absolute(call.tid, dirfd, unescape(path_arg)))
+            if where is None:
+                self._table(call.tid).put(fd, _Open(None, "", outside=call.ret_path), False)
+                return
+            inode = self._new("file", None)
+            self.content[inode] = bytearray()
+            rel = self._inode_names[inode] = f"{where or '.'}/(O_TMPFILE)"
+        elif rel:
             found = self._walk(rel, follow=True)
             if found is not None:
                 parent, name, inode = found

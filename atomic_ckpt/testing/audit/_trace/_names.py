@@ -10,6 +10,8 @@ from atomic_ckpt.testing.audit._trace._model import _Replay
 
 _AT_REMOVEDIR = 0x200
 _AT_SYMLINK_FOLLOW = 0x400
+_AT_EMPTY_PATH = 0x1000
+_PROC_FD = re.compile(r"^/proc/(self|thread-self|\d+)(?:/task/\d+)?/fd/(\d+)$")
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _RENAME_WHITEOUT = 1, 2, 4
 _SUN_PATH = re.compile(r'sun_path=("(?:[^"\\]|\\.)*")')
 
@@ -150,10 +152,37 @@ class _Names(_Replay):
         self._hard_linked(call, (None, call.args[0]), (None, call.args[1]), follow=False)
 
     def _sys_linkat(self, call: Call) -> None:
-        follow = bool(int_arg(call.args[4]) & _AT_SYMLINK_FOLLOW)
+        flags = int_arg(call.args[4])
+        proc = _PROC_FD.match(unescape(call.args[1]))
+        if (flags & _AT_EMPTY_PATH and unescape(call.args[1]) == "") or (
+            proc is not None and flags & _AT_SYMLINK_FOLLOW
+        ):
+            self._linked_fd(call, proc)
+            return
+        follow = bool(flags & _AT_SYMLINK_FOLLOW)
         self._hard_linked(
             call, (call.args[0], call.args[1]), (call.args[2], call.args[3]), follow=follow
         )
+
+    def _linked_fd(self, call: Call, proc: re.Match[str] | None) -> None:
+        """linkat of an open file by its descriptor (``AT_EMPTY_PATH``, or the
+        ``/proc/self/fd/N`` of open(2)'s O_TMPFILE example): the descriptor's file gets
+        the new name (an O_TMPFILE file its first)."""
+        if proc is not None and proc[1] not in ("self", "thread-self", str(call.tid)):
+            self._refuse(call, f"a link of another process's descriptor ({proc[0]})")
+            return
+        opened = self._table(call.tid).get(int(proc[2])) if proc else self._file(call)
+        dst = self._where(call, call.args[2], call.args[3])
+        inside = opened is not None and opened.inode is not None
+        if dst is None or not inside:
+            if dst is not None or inside:
+                said = "a file outside the audited tree" if dst else "a name outside the tree"
+                self._refuse(call, f"a descriptor's file hard-linked to {said}", dst and dst[3])
+            return
+        assert opened is not None
+        assert opened.inode is not None
+        self._inode_names[opened.inode] = dst[3]
+        self._op("entry", dst[0], f"linkat {opened.path} -> {dst[3]}", ((dst[1], opened.inode),))
 
     def _symlinked(self, call: Call, target: str, nd: str | None, new: str) -> None:
         dst = self._where(call, nd, new)
