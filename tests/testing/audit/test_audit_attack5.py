@@ -4,9 +4,15 @@ the model. The corpus (``corpus/audit5.*``) holds the same workloads run for rea
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
+from _audit_scripts import needs_strace
+
+from atomic_ckpt.testing import audit
 from atomic_ckpt.testing._states import _CrashModel
+from atomic_ckpt.testing.audit import AuditError
 from atomic_ckpt.testing.audit._strace import read_calls
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
@@ -253,3 +259,14 @@ def test_o_tmpfile_named_by_linkat(tmp_path: Path) -> None:
         assert rec.refusals == [], link
         assert [op.kind for op in rec.ops] == ["data", "sync", "entry"], link
         assert model._build({0, 2}, {}) == (("w", "file", b"ab"),)
+
+
+@needs_strace
+def test_a_check_command_that_cannot_run_is_refused(tmp_path: Path) -> None:
+    """A check command that does not exist (the shell's exit 127) says nothing about
+    crashes: the audit refuses (exit 2, AuditError) instead of reporting every crash state
+    as a violation (exit 1)."""
+    workload = [sys.executable, "-c", "import os; os.makedirs('ckpts'); open('ckpts/w', 'w')"]
+    with pytest.raises(AuditError, match=r"the check command could not run \(exit 127"):
+        audit(workload, "no-such-command-audit5", root="ckpts", cwd=tmp_path)
+    assert not (tmp_path / "ckpts").exists()  # the directory put back as it was: absent

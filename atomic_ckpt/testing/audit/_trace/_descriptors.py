@@ -28,7 +28,7 @@ class _Descriptors(_Replay):
             self._table(call.tid).put(fd, opened, cloexec=bool(flags & os.O_CLOEXEC))
             return
         inode: int | None = _UNIVERSE if rel == "" else None
-        if flags & _O_TMPFILE:  # an unnamed file in the directory: linkat names it
+        if flags >= 0 and flags & _O_TMPFILE:  # an unnamed file in the directory: linkat names it
             where = self._rel(self._absolute(call.tid, dirfd, unescape(path_arg)))
             if where is None:
                 self._table(call.tid).put(fd, _Open(None, "", outside=call.ret_path), False)

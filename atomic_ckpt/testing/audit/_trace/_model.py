@@ -108,7 +108,8 @@ class _Replay(_Mirror):
     ) -> None:
         """The mirror's emit, keeping :attr:`dirty` (files with unsynced data)."""
         super().emit(kind, inode, description, **kw)
-        self.op_lines.append(self.line)
+        # never decreasing (fsyncs that overlapped are replayed in path order): bisect
+        self.op_lines.append(max(self.line, self.op_lines[-1] if self.op_lines else 0))
         if kind == "data":
             self.dirty.add(inode)
 
