@@ -143,6 +143,10 @@ class Op:
     """sync ops: only the operations before this index are made durable (those that
     completed before the fsync began; one completing while it ran is not covered); None:
     every earlier one."""
+    began: int | None = None
+    """Traced ops whose call began before earlier ops completed: how many ops had completed
+    when it began (a crash after any of the later ones may find it half done); None: it
+    began after every earlier op completed."""
 
 
 @dataclass(frozen=True)

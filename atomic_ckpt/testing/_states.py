@@ -124,9 +124,20 @@ class _CrashModel:
         )
 
     def uncovered(self, k: int) -> tuple[int, ...]:
-        """Operations among the first ``k`` that a crash after them may or may not keep."""
+        """Operations among the first ``k`` that a crash after them may or may not keep,
+        and the later ones in progress then (:meth:`in_flight`)."""
         return tuple(
             op.index for op in self.ops[:k] if op.kind != "sync" and self._next_sync[op.index] >= k
+        ) + self.in_flight(k)
+
+    def in_flight(self, k: int) -> tuple[int, ...]:
+        """Traced operations after the first ``k`` whose call had begun by then (another
+        thread's long write while this thread's rename completed): a crash at ``k`` may
+        find them done, or a write half done."""
+        return tuple(
+            op.index
+            for op in self.ops[k + 1 :]
+            if op.began is not None and op.began <= k and op.kind != "sync"
         )
 
     def _data(self, op: Op, base: Data, fate: DataFate | WriteFates) -> Data:
@@ -233,6 +244,11 @@ class _CrashModel:
                 said = f"process killed after write {p} of {n} of the last operation"
                 per = ("kept",) * p + ("lost",) * (n - p)
                 yield _Candidate(k, "kill", done, {}, said, {k - 1: per})
+        for j in self.in_flight(k):  # begun before the crash, done after it (audit5 11)
+            said = f"process killed while #{j + 1} (begun earlier) was in progress"
+            yield _Candidate(k, "kill", done | {j}, {}, said + ", done")
+            if self.ops[j].kind == "data":
+                yield _Candidate(k, "kill", done | {j}, {j: "torn"}, said + ", half done")
 
     def _power(
         self,

@@ -21,10 +21,15 @@ def _dump(data: bytes) -> str:
     return f" | 00000  {' '.join(f'{b:02x}' for b in data)}"
 
 
-def replay(tmp_path: Path, lines: list[str]) -> tuple[TraceRecorder, _CrashModel]:
-    """The trace ``lines`` ({root} for the audited directory) replayed on an empty root."""
+def replay(
+    tmp_path: Path, lines: list[str], files: dict[str, bytes] | None = None
+) -> tuple[TraceRecorder, _CrashModel]:
+    """The trace ``lines`` ({root} for the audited directory) replayed on a root holding
+    ``files`` (none: empty)."""
     root = tmp_path / "ckpts"
     root.mkdir(parents=True)
+    for name, data in (files or {}).items():
+        (root / name).write_bytes(data)
     trace = tmp_path / "trace"
     trace.write_text("\n".join(lines).format(root=root) + "\n")
     rec = TraceRecorder(root)
@@ -270,3 +275,28 @@ def test_a_check_command_that_cannot_run_is_refused(tmp_path: Path) -> None:
     with pytest.raises(AuditError, match=r"the check command could not run \(exit 127"):
         audit(workload, "no-such-command-audit5", root="ckpts", cwd=tmp_path)
     assert not (tmp_path / "ckpts").exists()  # the directory put back as it was: absent
+
+
+def test_a_write_in_progress_at_a_crash_may_be_done_or_half_done(tmp_path: Path) -> None:
+    """A write that began before another thread's rename completed, and ended after it: a
+    crash before the rename may find the write done or half done (the kill states had it
+    only after the rename, so DONE never stood beside a changed w)."""
+    rec, model = replay(
+        tmp_path,
+        [
+            '100 openat(-100<{root}>, "w", 0x1) = 3<{root}/w>',
+            '100 write(3<{root}/w>, ""..., 4 <unfinished ...>',
+            '101 rename("{root}/DONE", "{root}/DONE.old") = 0',
+            "100 <... write resumed>) = 4",
+            _dump(b"nnnn"),
+        ],
+        files={"w": b"oooo", "DONE": b""},
+    )
+    assert [op.kind for op in rec.ops] == ["entry", "data"]
+    assert rec.ops[1].began == 0
+    kill = [c for c in model.candidates(("kill",)) if c.crash_point == 0]
+    seen = {model._build(c.persisted, c.fates, c.writes) for c in kill}
+    assert (("DONE", "file", b""), ("w", "file", b"nnnn")) in seen
+    assert (("DONE", "file", b""), ("w", "file", b"nnoo")) in seen
+    power = [c for c in model.candidates(("power",)) if c.crash_point == 0]
+    assert 1 in {i for c in power for i in c.persisted}

@@ -89,7 +89,7 @@ class _Durability(_Replay):
 
 def _part(run: _Run, first: int, end: int, before: object) -> _Run:
     events = run.events[first:end]
-    part = _Run(run.inode, before, events, lines=run.lines[first:end])  # type: ignore[arg-type]
+    part = _Run(run.inode, before, events, lines=run.lines[first:end], start=run.start)  # type: ignore[arg-type]
     part.line = part.lines[-1]
     part.calls = sum(1 for e in events if e[0] != "truncate")
     part.written = sum(len(e[2]) if e[0] == "write" else e[3] for e in events if e[0] != "truncate")

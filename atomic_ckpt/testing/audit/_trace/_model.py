@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections.abc import Iterable
@@ -63,6 +64,8 @@ class _Run:
     """The trace line its last call completed on."""
     lines: list[int] = field(default_factory=list)
     """The trace line each event's call completed on."""
+    start: int = 0
+    """The trace line its first call began on."""
 
 
 class _Replay(_Mirror):
@@ -89,8 +92,8 @@ class _Replay(_Mirror):
         self._start_cwd = os.getcwd()
         self.refusals: list[tuple[str, str]] = []
         """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
-        self.line = 0
-        """The trace line of the call being replayed."""
+        self.line = self.start = 0
+        """The trace line of the call being replayed, and the line it began on."""
         self.op_lines: list[int] = []
         """For each op, the trace line its (last) call completed on: an fsync covers only
         the ops that completed before it began (:meth:`_synced`)."""
@@ -106,7 +109,11 @@ class _Replay(_Mirror):
         description: str,
         **kw: Any,
     ) -> None:
-        """The mirror's emit, keeping :attr:`dirty` (files with unsynced data)."""
+        """The mirror's emit, keeping :attr:`dirty` (files with unsynced data) and noting
+        an op whose call began before earlier ops completed (:attr:`Op.began`)."""
+        began = bisect.bisect_left(self.op_lines, self.start)
+        if kind != "sync" and began < len(self.ops):
+            kw["began"] = began
         super().emit(kind, inode, description, **kw)
         # never decreasing (fsyncs that overlapped are replayed in path order): bisect
         self.op_lines.append(max(self.line, self.op_lines[-1] if self.op_lines else 0))
@@ -256,7 +263,7 @@ class _Replay(_Mirror):
         writes = coalesce(run.events)
         name = self._inode_names.get(run.inode, "?")
         what = f"{run.calls} write call{'s' if run.calls != 1 else ''}, {run.written} bytes"
-        self.line, line = run.line, self.line
+        self.line, line, self.start, start = run.line, self.line, run.start, self.start
         self.emit(
             "data",
             run.inode,
@@ -266,7 +273,7 @@ class _Replay(_Mirror):
             torn=replay(run.before, writes, data, "torn") if run.written else data,
             writes=writes,
         )
-        self.line = line
+        self.line, self.start = line, start
 
     def _op(
         self,
@@ -292,7 +299,7 @@ class _Replay(_Mirror):
         (a punched hole: held as a hole, :mod:`.._sparse`) joins the file's run."""
         if self._run is None or self._run.inode != inode:
             self._flush()
-            self._run = _Run(inode, freeze(self.content[inode]))
+            self._run = _Run(inode, freeze(self.content[inode]), start=self.start)
         run = self._run
         buf = self.content[inode]
         if kind == "truncate":
