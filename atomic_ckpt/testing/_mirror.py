@@ -130,10 +130,15 @@ class _Mirror:
         by: Literal["library", "observed", "traced"] = "library",
         torn: Data | None = None,
         writes: tuple[Write, ...] | None = None,
+        covers: int | None = None,
+        began: int | None = None,
     ) -> None:
         self.ops.append(
-            Op(len(self.ops), kind, inode, description, effects, data, by, torn, writes)
-        )
+            Op(
+                len(self.ops), kind, inode, description, effects, data, by, torn, writes,
+                covers, began,
+            )
+        )  # fmt: skip
         if inode < 0:  # a sync of everything
             return
         node = self.inodes[inode]

@@ -139,6 +139,14 @@ class Op:
     """Traced data ops: the writes this op stands for (:mod:`._writes`), applied to the
     file as a crash state has it; None: ``data`` is the file's contents whatever came
     before (the library's hooks)."""
+    covers: int | None = None
+    """sync ops: only the operations before this index are made durable (those that
+    completed before the fsync began; one completing while it ran is not covered); None:
+    every earlier one."""
+    began: int | None = None
+    """Traced ops whose call began before earlier ops completed: how many ops had completed
+    when it began (a crash after any of the later ones may find it half done); None: it
+    began after every earlier op completed."""
 
 
 @dataclass(frozen=True)

@@ -84,9 +84,15 @@ class _CrashModel:
         for op in self.ops:
             if op.kind == "sync":
                 synced = list(pending) if op.inode == ALL_INODES else [op.inode]
+                bound = op.index if op.covers is None else op.covers
                 for inode in synced:
-                    for i in pending.pop(inode, []):
-                        self._next_sync[i] = op.index
+                    waiting = pending.pop(inode, [])
+                    for i in waiting:
+                        if i < bound:
+                            self._next_sync[i] = op.index
+                    later = [i for i in waiting if i >= bound]  # completed while it ran
+                    if later:
+                        pending[inode] = later
             else:
                 pending.setdefault(op.inode, []).append(op.index)
         # For each traced data op: its file's contents just before it, when every earlier
@@ -99,6 +105,18 @@ class _CrashModel:
                 last[op.inode] = op.data
         self._replayed: dict[tuple[int, object, int], tuple[Data, Data]] = {}
 
+    def _journal_bound(self, k: int) -> int:
+        """The ops before the last fsync among the first ``k`` began (an fsync commits the
+        journal with every earlier name; one made while it ran may miss that commit)."""
+        return max(
+            (
+                op.index if op.covers is None else op.covers
+                for op in self.ops[:k]
+                if op.kind == "sync"
+            ),
+            default=-1,
+        )
+
     def covered(self, k: int) -> frozenset[int]:
         """Operations among the first ``k`` that an fsync among them made durable."""
         return frozenset(
@@ -106,13 +124,28 @@ class _CrashModel:
         )
 
     def uncovered(self, k: int) -> tuple[int, ...]:
-        """Operations among the first ``k`` that a crash after them may or may not keep."""
+        """Operations among the first ``k`` that a crash after them may or may not keep,
+        and the later ones in progress then (:meth:`in_flight`)."""
         return tuple(
             op.index for op in self.ops[:k] if op.kind != "sync" and self._next_sync[op.index] >= k
+        ) + self.in_flight(k)
+
+    def in_flight(self, k: int) -> tuple[int, ...]:
+        """Traced operations after the first ``k`` whose call had begun by then (another
+        thread's long write while this thread's rename completed): a crash at ``k`` may
+        find them done, or a write half done."""
+        return tuple(
+            op.index
+            for op in self.ops[k + 1 :]
+            if op.began is not None and op.began <= k and op.kind != "sync"
         )
 
     def _data(self, op: Op, base: Data, fate: DataFate | WriteFates) -> Data:
-        """What data op ``op`` leaves in a file holding ``base``, with ``fate``."""
+        """What data op ``op`` leaves in a file holding ``base``, with ``fate``. A traced
+        op zero-filled reads as zeros over the ranges it wrote only: what the file held
+        before (an fsynced record an append follows) is not zeroed with it."""
+        if fate == "zero" and op.writes is not None:
+            fate = ("zero",) * len(op.writes)
         if op.writes is None or (base is self._prior[op.index] and isinstance(fate, str)):
             if fate == "zero":
                 return zeros(len(op.data))
@@ -211,6 +244,11 @@ class _CrashModel:
                 said = f"process killed after write {p} of {n} of the last operation"
                 per = ("kept",) * p + ("lost",) * (n - p)
                 yield _Candidate(k, "kill", done, {}, said, {k - 1: per})
+        for j in self.in_flight(k):  # begun before the crash, done after it (audit5 11)
+            said = f"process killed while #{j + 1} (begun earlier) was in progress"
+            yield _Candidate(k, "kill", done | {j}, {}, said + ", done")
+            if self.ops[j].kind == "data":
+                yield _Candidate(k, "kill", done | {j}, {j: "torn"}, said + ", half done")
 
     def _power(
         self,
@@ -229,9 +267,9 @@ class _CrashModel:
         own fate (:func:`_per_write`, the other files kept); and ``samples`` random mixes
         drawn from ``rng`` (the audit's seed), a run's writes mixed too."""
         yield _Candidate(k, "power", covered, {}, "power loss: only what was fsynced survives")
-        last_sync = max((op.index for op in self.ops[:k] if op.kind == "sync"), default=-1)
+        last_sync = self._journal_bound(k)
         journaled = {i for i in loose if self.ops[i].kind == "entry" and i < last_sync}
-        tail = [i for i in loose if self.ops[i].kind == "entry" and i > last_sync]
+        tail = [i for i in loose if self.ops[i].kind == "entry" and i >= last_sync]
         unsynced = [i for i in loose if self.ops[i].kind == "data"]
         fates: tuple[DataFate, ...] = ("lost", "kept", "zero", "torn")
         runs = {i: len(self.ops[i].writes or ()) for i in unsynced}
@@ -278,9 +316,9 @@ class _CrashModel:
         rng: random.Random,
         samples: int,
     ) -> Iterator[_Candidate]:
-        last_sync = max((op.index for op in self.ops[:k] if op.kind == "sync"), default=-1)
+        last_sync = self._journal_bound(k)
         journaled = {i for i in loose if self.ops[i].kind == "entry" and i < last_sync}
-        tail = [i for i in loose if self.ops[i].kind == "entry" and i > last_sync]
+        tail = [i for i in loose if self.ops[i].kind == "entry" and i >= last_sync]
         unsynced = [i for i in loose if self.ops[i].kind == "data"]
         fates_all: list[DataFate] = ["lost", "kept", "zero", "torn"]
         for j in range(len(tail) + 1):

@@ -146,6 +146,7 @@ def audit(
                 )
             timings["build"] = time.monotonic() - began
             began = time.monotonic()
+            _check_the_end(model, check, path, scratch, timeout=timeout, cwd=workdir, env=env)
             if jobs > 1 and not namespaces_available():
                 notes.append(
                     f"jobs={jobs} needs root and unshare (private mount namespaces); "
@@ -311,6 +312,36 @@ def _plan(
         states[i].by_model.setdefault(c.model, c)
         per_model[c.model].add(i)
     return states, {m: len(s) for m, s in per_model.items()}
+
+
+def _check_the_end(
+    model: _CrashModel,
+    check: Check,
+    path: Path,
+    scratch: Path,
+    *,
+    timeout: float | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+) -> None:
+    """A check command that cannot run (the shell's 127, command not found, or 126, not
+    executable) on the directory as the workload left it would make every crash state a
+    "violation" that says nothing about crashes (audit5 attack 10): refused
+    (:class:`AuditError`). Any other rejection of that state is judged as the crash right
+    after the last operation (a workload whose own end does not load is broken)."""
+    if callable(check):
+        return
+    final = model._build(range(len(model.ops)), {})
+    end = run_checks(
+        [final], [0], check, root=path, scratch=scratch, jobs=1, timeout=timeout,
+        cwd=cwd, env=env, show=False,
+    )[0]  # fmt: skip
+    if end.status in (126, 127):
+        said = [line.strip(" |") for line in end.output.splitlines() if line.strip(" |")]
+        raise AuditError(
+            f"the check command could not run (exit {end.status}"
+            f"{': ' + said[-1] if said else ''}); nothing was judged: fix the --check command"
+        )
 
 
 def _listing(flat: _Flat) -> tuple[str, ...]:

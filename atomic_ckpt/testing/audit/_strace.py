@@ -17,7 +17,7 @@ from pathlib import Path
 
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._procs import run_traced
-from atomic_ckpt.testing.audit._syscalls import TRACED
+from atomic_ckpt.testing.audit._syscalls import STRACE_TRACE
 
 AT_FDCWD = -100
 
@@ -73,7 +73,7 @@ def record_command(
         "-e",
         "write=all",
         "-e",
-        f"trace={TRACED}",
+        f"trace={STRACE_TRACE}",
         "-o",
         str(trace),
         "--",
@@ -110,7 +110,7 @@ _DUMP = re.compile(r"^ \| [0-9a-f]{5,}  ")
 _DUMP_WIDTH = 48  # sixteen bytes as hex pairs, a double space after the eighth
 _RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
 _RET = re.compile(r"^\s*=\s*(0x[0-9a-f]+|-?\d+|\?)(?:<(.*)>)?")
-_DECORATED = re.compile(r"^(-?\d+)<(.*)>$", re.S)
+_DECORATED = re.compile(r"^(-?\d+)<(.*)>(\(deleted\))?$", re.S)
 _UNFINISHED = " <unfinished ...>"
 
 
@@ -177,10 +177,12 @@ def unescape(text: str) -> str:
 
 
 def fd_arg(text: str) -> tuple[int, str | None]:
-    """``3</some/path>`` as (3, "/some/path"); ``-100</cwd>`` (AT_FDCWD) likewise."""
+    """``3</some/path>`` as (3, "/some/path"); ``-100</cwd>`` (AT_FDCWD) likewise; a file
+    no name leads to any more, ``3</some/path>(deleted)``, as (3, "/some/path (deleted)")
+    (never mistaken for the file now at that name)."""
     m = _DECORATED.match(text)
     if m:
-        return int(m[1]), unescape(m[2])
+        return int(m[1]), unescape(m[2]) + (" (deleted)" if m[3] else "")
     try:
         return int(text, 0), None
     except ValueError:

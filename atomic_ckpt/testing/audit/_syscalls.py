@@ -12,7 +12,11 @@ MODELLED, REFUSED, IGNORED = "modelled", "refused", "ignored"
 # name -> (how, what the replay does with it, or why it refuses it)
 TABLE: dict[str, tuple[str, str]] = {
     # descriptors
-    "open": (MODELLED, "a descriptor; O_CREAT makes the name, O_TRUNC truncates (even O_RDONLY)"),
+    "open": (
+        MODELLED,
+        "a descriptor; O_CREAT makes the name, O_TRUNC truncates (even O_RDONLY), O_TMPFILE "
+        "an unnamed file",
+    ),
     "openat": (MODELLED, "as open, relative to a directory descriptor"),
     "openat2": (MODELLED, "as openat"),
     "creat": (MODELLED, "open with O_CREAT|O_WRONLY|O_TRUNC"),
@@ -62,9 +66,14 @@ TABLE: dict[str, tuple[str, str]] = {
     "renameat": (MODELLED, "as rename"),
     "renameat2": (MODELLED, "as rename; RENAME_EXCHANGE swaps; RENAME_WHITEOUT refused"),
     "link": (MODELLED, "a second name for the inode; from outside the tree refused"),
-    "linkat": (MODELLED, "as link (AT_SYMLINK_FOLLOW follows)"),
+    "linkat": (
+        MODELLED,
+        "as link (AT_SYMLINK_FOLLOW follows); AT_EMPTY_PATH or /proc/self/fd/N: the "
+        "descriptor's file (an O_TMPFILE one named)",
+    ),
     "symlink": (MODELLED, "a symlink; one leading out of the tree that is used is refused"),
     "symlinkat": (MODELLED, "as symlink"),
+    "bind": (MODELLED, "a Unix socket bound at a path in the tree (a socket node) refused"),
     "chdir": (MODELLED, "the working directory (shared by CLONE_FS threads)"),
     "fchdir": (MODELLED, "as chdir"),
     # durability
@@ -79,6 +88,18 @@ TABLE: dict[str, tuple[str, str]] = {
     "fork": (MODELLED, "a copied descriptor table and working directory"),
     "vfork": (MODELLED, "as fork"),
     "execve": (MODELLED, "a table of its own without the close-on-exec descriptors"),
+    "execveat": (MODELLED, "as execve"),
+    "unshare": (MODELLED, "CLONE_FILES: a table of its own (copied); CLONE_FS: its own cwd"),
+    # paths resolved against another root or another mount: refused wherever they point
+    "chroot": (REFUSED, "later paths are resolved against another root"),
+    "pivot_root": (REFUSED, "as chroot"),
+    "setns": (REFUSED, "may enter another mount namespace: paths resolved in other mounts"),
+    "mount": (REFUSED, "a mount (a bind mount: an alias of the tree the trace cannot place)"),
+    "umount2": (REFUSED, "as mount"),
+    "move_mount": (REFUSED, "as mount"),
+    "open_tree": (REFUSED, "as mount"),
+    "fsmount": (REFUSED, "as mount"),
+    "mount_setattr": (REFUSED, "as mount"),
     "io_uring_setup": (REFUSED, "io_uring operations are invisible to the trace"),
     "io_uring_enter": (REFUSED, "io_uring operations are invisible to the trace"),
     "io_uring_register": (REFUSED, "io_uring operations are invisible to the trace"),
@@ -99,10 +120,16 @@ TABLE: dict[str, tuple[str, str]] = {
     "fremovexattr": (REFUSED, "as setxattr"),
 }
 
-WORKLOAD_WIDE = frozenset({"io_uring_setup", "io_uring_enter", "io_uring_register"})
+WORKLOAD_WIDE = frozenset(
+    {"io_uring_setup", "io_uring_enter", "io_uring_register", "chroot", "pivot_root", "setns"}
+    | {"mount", "umount2", "move_mount", "open_tree", "fsmount", "mount_setattr"}
+)
 """Refused wherever they point: what they do may reach the tree by any path."""
 
 TRACED = ",".join(TABLE)
+
+STRACE_TRACE = ",".join(f"?{name}" for name in TABLE)
+"""strace's ``-e trace=``: a ``?`` lets an older strace that does not know a call run on."""
 
 
 def guide_table() -> str:

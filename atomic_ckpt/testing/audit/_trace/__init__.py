@@ -53,6 +53,7 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
             if call.ret is None or how == IGNORED:
                 continue
             self.calls += 1
+            self.line, self.start = call.line, call.start
             getattr(self, "_sys_" + call.name)(call)
         self._flush()
 

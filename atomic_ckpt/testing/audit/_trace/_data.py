@@ -10,13 +10,26 @@ from atomic_ckpt.testing.audit._trace._model import _Open, _Replay
 
 _FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x1, 0x2, 0x10
 _MAP_SHARED = 0x1  # MAP_SHARED_VALIDATE (0x3) included
+_RWF_DSYNC, _RWF_SYNC, _RWF_APPEND, _RWF_NOAPPEND = 0x2, 0x4, 0x10, 0x20
+_RWF_KNOWN = 0x1 | 0x8 | 0x40 | 0x80 | _RWF_DSYNC | _RWF_SYNC | _RWF_APPEND | _RWF_NOAPPEND
 
 
 class _Data(_Replay):
     """write, writev, pwrite64, pwritev, pwritev2, read, readv, lseek, ftruncate, truncate,
     fallocate, sendfile, copy_file_range, mmap (a writable shared mapping refused)."""
 
-    def _written(self, call: Call, opened: _Open | None, offset: int | None) -> None:
+    def _written(
+        self,
+        call: Call,
+        opened: _Open | None,
+        offset: int | None,
+        *,
+        append: bool | None = None,
+        sync: bool | None = None,
+    ) -> None:
+        """A write of the call's bytes at ``offset`` (None: the file offset, which it
+        moves); ``append`` and ``sync`` (pwritev2's RWF_ flags) override the descriptor's
+        O_APPEND and O_SYNC/O_DSYNC."""
         if opened is None or opened.inode is None:
             if opened is not None and opened.path:
                 self.unseen.setdefault(
@@ -35,16 +48,20 @@ class _Data(_Replay):
             self.unseen.setdefault(
                 opened.path, f"{call.name} wrote {call.ret} bytes, the trace shows {len(data)}"
             )
-        if opened.append:  # Linux appends even a pwrite to an O_APPEND file
-            offset = None
-            opened.pos = len(self.content[inode])
+        append = opened.append if append is None else append
+        sync = opened.sync if sync is None else sync
+        if append:  # Linux appends even a pwrite to an O_APPEND file (its offset unmoved)
+            at = len(self.content[inode])
+            if offset is None:
+                opened.pos = at + len(data)
+            offset = at
         if offset is None:
             if opened.pos < 0:
                 self.unseen.setdefault(opened.path, "written at an offset the trace cannot tell")
                 opened.pos = len(self.content[inode])
             offset = opened.pos
             opened.pos += len(data)
-        if opened.sync:
+        if sync:
             self._flush()  # the write alone, as its own operation
             if inode in self.dirty:
                 self._refuse(
@@ -54,7 +71,7 @@ class _Data(_Replay):
                     opened.path,
                 )
         self._change(inode, "write", offset, data)
-        if opened.sync:
+        if sync:
             self._op("sync", inode, f"{call.name} on an O_SYNC file {opened.path} (durable)")
 
     def _sys_write(self, call: Call) -> None:
@@ -68,8 +85,19 @@ class _Data(_Replay):
     _sys_pwritev = _sys_pwrite64
 
     def _sys_pwritev2(self, call: Call) -> None:
+        """RWF_APPEND appends whatever the offset, RWF_NOAPPEND writes at it even on an
+        O_APPEND descriptor, RWF_DSYNC/RWF_SYNC make the write's range durable as on an
+        O_DSYNC descriptor (audit5 attack 3); the flags that change no byte (RWF_HIPRI,
+        RWF_NOWAIT, RWF_ATOMIC, RWF_DONTCACHE) nothing; any other flag is refused."""
         offset = int_arg(call.args[3])
-        self._written(call, self._file(call), None if offset == -1 else offset)
+        flags = int_arg(call.args[4]) if len(call.args) > 4 else 0
+        opened = self._file(call)
+        if flags < 0 or flags & ~_RWF_KNOWN:
+            self._refuse(call, f"pwritev2 flags {call.args[4]}", opened.path if opened else None)
+            return
+        append = True if flags & _RWF_APPEND else False if flags & _RWF_NOAPPEND else None
+        sync = True if flags & (_RWF_DSYNC | _RWF_SYNC) else None
+        self._written(call, opened, None if offset == -1 else offset, append=append, sync=sync)
 
     def _sys_read(self, call: Call) -> None:
         opened = self._file(call)

@@ -9,8 +9,9 @@ from atomic_ckpt.testing._mirror import _UNIVERSE
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
 from atomic_ckpt.testing.audit._trace._model import _Open, _Replay, _Table
 
-_F_DUPFD, _F_DUPFD_CLOEXEC, _F_SETFD, _FD_CLOEXEC = 0, 1030, 2, 1
+_F_DUPFD, _F_DUPFD_CLOEXEC, _F_SETFD, _F_SETFL, _FD_CLOEXEC = 0, 1030, 2, 4, 1
 _CLOSE_RANGE_CLOEXEC = 4
+_O_TMPFILE = 0o20000000  # __O_TMPFILE (O_TMPFILE adds O_DIRECTORY)
 
 
 class _Descriptors(_Replay):
@@ -27,7 +28,15 @@ class _Descriptors(_Replay):
             self._table(call.tid).put(fd, opened, cloexec=bool(flags & os.O_CLOEXEC))
             return
         inode: int | None = _UNIVERSE if rel == "" else None
-        if rel:
+        if flags >= 0 and flags & _O_TMPFILE:  # an unnamed file in the directory: linkat names it
+            where = self._rel(self._absolute(call.tid, dirfd, unescape(path_arg)))
+            if where is None:
+                self._table(call.tid).put(fd, _Open(None, "", outside=call.ret_path), False)
+                return
+            inode = self._new("file", None)
+            self.content[inode] = bytearray()
+            rel = self._inode_names[inode] = f"{where or '.'}/(O_TMPFILE)"
+        elif rel:
             found = self._walk(rel, follow=True)
             if found is not None:
                 parent, name, inode = found
@@ -90,6 +99,10 @@ class _Descriptors(_Replay):
         command = int_arg(call.args[1]) if len(call.args) > 1 else -1
         if command in (_F_DUPFD, _F_DUPFD_CLOEXEC):
             self._dup(call, command == _F_DUPFD_CLOEXEC)
+        elif command == _F_SETFL and len(call.args) > 2:  # of the flags it sets, only
+            opened = self._file(call)  # O_APPEND moves a byte (audit5 attack 2)
+            if opened is not None:
+                opened.append = bool(int_arg(call.args[2]) & os.O_APPEND)
         elif command == _F_SETFD and len(call.args) > 2:
             fd = fd_arg(call.args[0])[0]
             table = self._table(call.tid)
@@ -102,3 +115,5 @@ class _Descriptors(_Replay):
         table = self._table(call.tid)
         kept = {fd: opened for fd, opened in table.items() if fd not in table.cloexec}
         self.tables[call.tid] = _Table(kept)
+
+    _sys_execveat = _sys_execve

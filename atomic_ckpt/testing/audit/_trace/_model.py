@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections.abc import Iterable
@@ -59,6 +60,12 @@ class _Run:
     """(write, offset, payload, 0), (truncate, length, b"", 0), (zero, offset, b"", length)"""
     calls: int = 0
     written: int = 0
+    line: int = 0
+    """The trace line its last call completed on."""
+    lines: list[int] = field(default_factory=list)
+    """The trace line each event's call completed on."""
+    start: int = 0
+    """The trace line its first call began on."""
 
 
 class _Replay(_Mirror):
@@ -85,6 +92,11 @@ class _Replay(_Mirror):
         self._start_cwd = os.getcwd()
         self.refusals: list[tuple[str, str]] = []
         """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
+        self.line = self.start = 0
+        """The trace line of the call being replayed, and the line it began on."""
+        self.op_lines: list[int] = []
+        """For each op, the trace line its (last) call completed on: an fsync covers only
+        the ops that completed before it began (:meth:`_synced`)."""
 
     def ignores(self, name: str) -> bool:
         """Nothing is left out: the audit sees the tree as the workload's checker does."""
@@ -97,8 +109,14 @@ class _Replay(_Mirror):
         description: str,
         **kw: Any,
     ) -> None:
-        """The mirror's emit, keeping :attr:`dirty` (files with unsynced data)."""
+        """The mirror's emit, keeping :attr:`dirty` (files with unsynced data) and noting
+        an op whose call began before earlier ops completed (:attr:`Op.began`)."""
+        began = bisect.bisect_left(self.op_lines, self.start)
+        if kind != "sync" and began < len(self.ops):
+            kw["began"] = began
         super().emit(kind, inode, description, **kw)
+        # never decreasing (fsyncs that overlapped are replayed in path order): bisect
+        self.op_lines.append(max(self.line, self.op_lines[-1] if self.op_lines else 0))
         if kind == "data":
             self.dirty.add(inode)
 
@@ -137,6 +155,10 @@ class _Replay(_Mirror):
         return None if rel is None else self._name_of(rel)
 
     # ---- paths
+
+    def _bases(self) -> tuple[str, str]:
+        """The audited directory's real path and its spelling."""
+        return self.root_real, self.root_alias
 
     def _rel(self, path: str | None) -> str | None:
         if path is None:
@@ -241,6 +263,7 @@ class _Replay(_Mirror):
         writes = coalesce(run.events)
         name = self._inode_names.get(run.inode, "?")
         what = f"{run.calls} write call{'s' if run.calls != 1 else ''}, {run.written} bytes"
+        self.line, line, self.start, start = run.line, self.line, run.start, self.start
         self.emit(
             "data",
             run.inode,
@@ -250,6 +273,7 @@ class _Replay(_Mirror):
             torn=replay(run.before, writes, data, "torn") if run.written else data,
             writes=writes,
         )
+        self.line, self.start = line, start
 
     def _op(
         self,
@@ -275,7 +299,7 @@ class _Replay(_Mirror):
         (a punched hole: held as a hole, :mod:`.._sparse`) joins the file's run."""
         if self._run is None or self._run.inode != inode:
             self._flush()
-            self._run = _Run(inode, freeze(self.content[inode]))
+            self._run = _Run(inode, freeze(self.content[inode]), start=self.start)
         run = self._run
         buf = self.content[inode]
         if kind == "truncate":
@@ -289,6 +313,8 @@ class _Replay(_Mirror):
             run.calls += 1
             run.written += len(payload)
         run.events.append((kind, offset, payload, length))
+        run.line = self.line
+        run.lines.append(self.line)
 
     def _name_tree(self, ino: int, rel: str) -> None:
         for name, child in self.inodes[ino].entries.items():

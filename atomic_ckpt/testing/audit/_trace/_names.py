@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 
 from atomic_ckpt.testing.audit._strace import Call, int_arg, unescape
 from atomic_ckpt.testing.audit._trace._model import _Replay
 
 _AT_REMOVEDIR = 0x200
 _AT_SYMLINK_FOLLOW = 0x400
+_AT_EMPTY_PATH = 0x1000
+_PROC_FD = re.compile(r"^/proc/(self|thread-self|\d+)(?:/task/\d+)?/fd/(\d+)$")
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _RENAME_WHITEOUT = 1, 2, 4
+_SUN_PATH = re.compile(r'sun_path=("(?:[^"\\]|\\.)*")')
 
 
 class _Names(_Replay):
@@ -32,12 +36,23 @@ class _Names(_Replay):
         self._op("entry", parent, f"{call.name} {rel}", ((name, inode),))
 
     def _is_root(self, call: Call, dirfd: str | None, path: str) -> bool:
-        """Whether ``path`` names the audited directory itself (refused: the model holds
-        it durable and always there, so the window without it could not be shown)."""
-        if self._rel(self._absolute(call.tid, dirfd, unescape(path))) != "":
-            return False
-        self._refuse(call, "the audited directory itself is renamed or removed", ".")
-        return True
+        """Whether ``path`` names the audited directory itself or a directory above it
+        (refused: the model holds it durable and always there, so the window without it
+        could not be shown; and a parent renamed away takes it along, so that every path
+        spelled through the new name is missed: audit5 attack 6)."""
+        absolute = os.path.normpath(self._absolute(call.tid, dirfd, unescape(path)))
+        if self._rel(absolute) == "":
+            self._refuse(call, "the audited directory itself is renamed or removed", ".")
+            return True
+        if any(base.startswith(absolute.rstrip("/") + "/") for base in self._bases()):
+            self._refuse(
+                call,
+                f"{absolute}, a directory above the audited one, is renamed or removed "
+                "(the audited directory goes with it)",
+                ".",
+            )
+            return True
+        return False
 
     def _removed(self, call: Call, dirfd: str | None, path: str) -> None:
         if self._is_root(call, dirfd, path):
@@ -137,10 +152,37 @@ class _Names(_Replay):
         self._hard_linked(call, (None, call.args[0]), (None, call.args[1]), follow=False)
 
     def _sys_linkat(self, call: Call) -> None:
-        follow = bool(int_arg(call.args[4]) & _AT_SYMLINK_FOLLOW)
+        flags = int_arg(call.args[4])
+        proc = _PROC_FD.match(unescape(call.args[1]))
+        if (flags & _AT_EMPTY_PATH and unescape(call.args[1]) == "") or (
+            proc is not None and flags & _AT_SYMLINK_FOLLOW
+        ):
+            self._linked_fd(call, proc)
+            return
+        follow = bool(flags & _AT_SYMLINK_FOLLOW)
         self._hard_linked(
             call, (call.args[0], call.args[1]), (call.args[2], call.args[3]), follow=follow
         )
+
+    def _linked_fd(self, call: Call, proc: re.Match[str] | None) -> None:
+        """linkat of an open file by its descriptor (``AT_EMPTY_PATH``, or the
+        ``/proc/self/fd/N`` of open(2)'s O_TMPFILE example): the descriptor's file gets
+        the new name (an O_TMPFILE file its first)."""
+        if proc is not None and proc[1] not in ("self", "thread-self", str(call.tid)):
+            self._refuse(call, f"a link of another process's descriptor ({proc[0]})")
+            return
+        opened = self._table(call.tid).get(int(proc[2])) if proc else self._file(call)
+        dst = self._where(call, call.args[2], call.args[3])
+        inside = opened is not None and opened.inode is not None
+        if dst is None or not inside:
+            if dst is not None or inside:
+                said = "a file outside the audited tree" if dst else "a name outside the tree"
+                self._refuse(call, f"a descriptor's file hard-linked to {said}", dst and dst[3])
+            return
+        assert opened is not None
+        assert opened.inode is not None
+        self._inode_names[opened.inode] = dst[3]
+        self._op("entry", dst[0], f"linkat {opened.path} -> {dst[3]}", ((dst[1], opened.inode),))
 
     def _symlinked(self, call: Call, target: str, nd: str | None, new: str) -> None:
         dst = self._where(call, nd, new)
@@ -166,3 +208,19 @@ class _Names(_Replay):
 
     def _sys_symlinkat(self, call: Call) -> None:
         self._symlinked(call, call.args[0], call.args[1], call.args[2])
+
+    def _sys_bind(self, call: Call) -> None:
+        """A Unix socket bound at a path makes a socket node there, by no open or mknod
+        (audit5 attack 4): refused in the tree, as a FIFO is (an abstract name, ``@"..."``,
+        makes none)."""
+        m = _SUN_PATH.search(call.args[1]) if len(call.args) > 1 else None
+        if m is None:
+            return
+        where = self._where(call, None, m[1])
+        if where is not None:
+            self._refuse(
+                call,
+                f"a Unix socket bound at {where[3]}: the crash states hold regular files, "
+                "directories and symlinks only",
+                where[3],
+            )

@@ -70,3 +70,14 @@ class _Processes(_Replay):
         decoration = fd_arg(call.args[0])[1]
         if decoration is not None:
             self._cwd(call.tid)[0] = decoration
+
+    def _sys_unshare(self, call: Call) -> None:
+        """CLONE_FILES gives the calling thread a copy of its descriptor table, CLONE_FS
+        its own working directory (its threads no longer share them); the namespaces it
+        makes change no path (a mount in one is refused)."""
+        flags = int_arg(call.args[0]) if call.args else 0
+        if flags & _CLONE_FILES:
+            table = self._table(call.tid)
+            self.tables[call.tid] = _Table(table, table.cloexec)
+        if flags & _CLONE_FS:
+            self.cwd[call.tid] = [self._cwd(call.tid)[0]]
