@@ -99,3 +99,17 @@ def test_save_state_with_carry_frozen_and_the_dcp_writer_refuse_a_bool_step(
     with pytest.raises(InvalidStepError, match="got bool"):
         AtomicWriter(c, True)
     assert c.steps() == []
+
+
+def test_check_contents_of_a_step_that_is_not_there_names_it(tmp_path: Path) -> None:
+    """``check_contents(7)`` with no directory 7 raised a bare ``[Errno 2]`` about the path;
+    it is a CheckpointNotFoundError (a FileNotFoundError) naming the step and the root."""
+    from atomic_ckpt import CheckpointNotFoundError
+
+    c = CheckpointDir(tmp_path / "ckpts")
+    with c.commit(1) as path:
+        (path / "a.json").write_text("{}")
+    with pytest.raises(CheckpointNotFoundError, match="step 7") as caught:
+        c.check_contents(7)
+    assert isinstance(caught.value, FileNotFoundError)
+    assert [f.path for f in c.check_contents(1)] == ["a.json"]
