@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import operator
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from atomic_ckpt import (
     RetentionPolicy,
 )
 from atomic_ckpt._core.l3_formats.tree import sync_files
+from atomic_ckpt._core.l4_protocol.root import check_step
 from atomic_ckpt.dcp._copy import _stage_cached
 from atomic_ckpt.dcp._files import _CreatedFiles
 from atomic_ckpt.dcp._pending import _PendingSaves
@@ -132,8 +132,8 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
             raise TypeError(f"ckpts must be a CheckpointDir, got {type(ckpts).__name__}")
         if on_pending not in ("wait", "raise"):
             raise ValueError(f"on_pending must be 'wait' or 'raise', got {on_pending!r}")
-        step = operator.index(step)
-        final = ckpts.path_of(step)  # validates the step
+        step = check_step(step)  # a bool is no step, as for ckpts.commit
+        final = ckpts.path_of(step)
         super().__init__(
             final,
             single_file_per_rank=single_file_per_rank,

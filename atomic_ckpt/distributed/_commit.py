@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import operator
 import os
+import threading
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
@@ -22,6 +22,7 @@ from atomic_ckpt import (
     RetentionPolicy,
 )
 from atomic_ckpt._core.l1_names.names import step_of
+from atomic_ckpt._core.l4_protocol.root import check_step
 from atomic_ckpt.distributed._flush import Declared, flush_declared, marker_files, sweep_undeclared
 from atomic_ckpt.distributed._ranks import (
     _all_entered,
@@ -78,7 +79,7 @@ def distributed_commit(
     run of the same script) it is ``ckpts.commit(step, ...)``, so one training script
     serves both without branching.
     """
-    step = operator.index(step)
+    step = check_step(step)  # a bool is no step, as for ckpts.commit
     if _single_process(group):  # no process group: one process is every rank
         with ckpts.commit(
             step,
@@ -200,7 +201,7 @@ def rank0_commit(
     Without a process group it is ``ckpts.commit(step, ...)`` (the path, never None),
     with ``join`` as for ``ckpts.commit``.
     """
-    target: int | str = step if isinstance(step, str) else operator.index(step)
+    target: int | str = step if isinstance(step, str) else check_step(step)
     if isinstance(target, str):  # "4" (and "checkpoint-4") is step 4, as everywhere
         number_of = step_of(target, ckpts.prefix)
         target = target if number_of is None else number_of
@@ -220,7 +221,7 @@ def rank0_commit(
     else:
         committed = functools.partial(ckpts.commit, target, retain=retain, **options)
     what = f"{name!r}" if name is not None else f"step {number}"
-    enclosing = _OPEN_RANK0.get(key) if join else None
+    enclosing = _enclosing(key) if join else None
     if enclosing is not None:
         if enclosing.path is None:  # another rank: nothing written here, nothing to abort
             try:
@@ -282,18 +283,34 @@ class _Opened:
     failed: list[BaseException] = dataclasses.field(default_factory=list)
 
 
-_OPEN_RANK0: dict[tuple[str, int | str], _Opened] = {}
-"""The rank0_commit blocks open in this process, by (root, step or name): what
-``join=True`` joins."""
+_OPEN_RANK0: dict[tuple[str, int | str], list[_Opened]] = {}
+"""The rank0_commit blocks open in this process, by (root, step or name), oldest first:
+the newest is what ``join=True`` joins. Several may be open at once (two threads saving
+one step, each a whole save): each block's end removes its own record only."""
+_RANK0_LOCK = threading.Lock()
+
+
+def _enclosing(key: tuple[str, int | str]) -> _Opened | None:
+    """The newest rank0_commit block of ``key`` open in this process, or None."""
+    with _RANK0_LOCK:
+        opened = _OPEN_RANK0.get(key)
+        return opened[-1] if opened else None
 
 
 @contextlib.contextmanager
 def _open_rank0(key: tuple[str, int | str], path: Path | None) -> Iterator[_Opened]:
-    opened = _OPEN_RANK0[key] = _Opened(path)
+    opened = _Opened(path)
+    with _RANK0_LOCK:
+        _OPEN_RANK0.setdefault(key, []).append(opened)
     try:
         yield opened
     finally:
-        del _OPEN_RANK0[key]
+        with _RANK0_LOCK:
+            rest = [o for o in _OPEN_RANK0.get(key, ()) if o is not opened]
+            if rest:
+                _OPEN_RANK0[key] = rest
+            else:
+                _OPEN_RANK0.pop(key, None)
 
 
 def _single_process(group: dist.ProcessGroup | None) -> bool:

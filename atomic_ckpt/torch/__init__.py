@@ -164,7 +164,7 @@ def save_state(
     if carry_frozen:
         return _frozen.save(
             ckpts,
-            operator.index(step),
+            step,  # checked by ckpts.begin (a bool is no step)
             model=model,
             constant=constant,
             metadata=metadata,

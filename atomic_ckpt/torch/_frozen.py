@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -58,7 +58,7 @@ Described = dict[str, tuple[str, tuple[int, ...], str]]
 
 def save(
     ckpts: CheckpointDir,
-    step: int,
+    step: SupportsIndex,
     *,
     model: torch.nn.Module,
     constant: frozenset[str],

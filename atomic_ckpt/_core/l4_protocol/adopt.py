@@ -14,6 +14,7 @@ from typing import SupportsIndex
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     ManifestError,
+    NewerFormatError,
     StepConflictError,
     VerificationError,
 )
@@ -25,7 +26,7 @@ from atomic_ckpt._core.l1_names.names import (
 )
 from atomic_ckpt._core.l3_formats.contents import check_contents
 from atomic_ckpt._core.l3_formats.manifest import Manifest
-from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
+from atomic_ckpt._core.l3_formats.read import Checkpoint, moved_by_hand, read_marker
 from atomic_ckpt._core.l3_formats.tree import sync_tree
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 from atomic_ckpt._version import __version__
@@ -73,7 +74,7 @@ def adopt(
             step=step,
             problems=problems,
         )
-    existing = _valid_manifest(path)
+    existing = _valid_manifest(path, step)
     if existing is not None:
         return Checkpoint(step, path, existing)
     if check:
@@ -112,7 +113,7 @@ def adopt(
                 path=path,
                 step=step,
             )
-        existing = _valid_manifest(path)
+        existing = _valid_manifest(path, step)
         if existing is not None:  # another process adopted it meanwhile
             return Checkpoint(step, path, existing)
         # No rename follows: the marker is the commit point, so the entries of the
@@ -132,9 +133,30 @@ def _inside(path: str | os.PathLike[str]) -> str:
     return rel
 
 
-def _valid_manifest(path: Path) -> Manifest | None:
+def _valid_manifest(path: Path, step: int) -> Manifest | None:
+    """The manifest already there (None: none, legacy, or unreadable, which is replaced).
+    StepConflictError for a checkpoint atomic_ckpt wrote that must not be adopted: one a
+    newer release wrote (its marker is not unreadable, only newer), or a complete
+    checkpoint moved or copied here by hand (its manifest records another step)."""
     try:
         existing = read_marker(path)
+    except NewerFormatError as exc:
+        raise StepConflictError(
+            f"refusing to mark {path} complete: it holds a checkpoint a newer atomic_ckpt "
+            f"wrote ({exc}). Its marker is kept: upgrade atomic_ckpt to use it",
+            path=path,
+            step=step,
+        ) from exc
     except ManifestError:
         return None  # an unreadable marker is replaced by a valid one
-    return existing if existing is not None and not existing.legacy else None
+    if existing is None or existing.legacy:
+        return None
+    if existing.step != step:
+        raise StepConflictError(
+            f"refusing to mark {path} complete: it already holds a complete checkpoint "
+            f"moved or copied there by hand ({moved_by_hand(existing, step)}). "
+            "mark_complete adopts directories written without atomic_ckpt only",
+            path=path,
+            step=step,
+        )
+    return existing

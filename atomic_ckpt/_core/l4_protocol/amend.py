@@ -80,7 +80,7 @@ def amend(
     try:
         # Carried entries keep their checksums: hash the new files with the same algorithm.
         root = dataclasses.replace(root, checksum=base.manifest.checksum)
-        commit = _begin.begin(root, step)
+        commit = _begin.begin(root, step, metadata=extra)  # joined blocks merge into it
         commit.as_block()
         try:
             yield commit.path
@@ -103,8 +103,9 @@ def amend(
                 workers=root.workers,
                 skip=is_marker_name,
             )
-            merged = {**base.manifest.metadata, **extra}
-            if not written and not gone:
+            merged = {**base.manifest.metadata, **commit.metadata}  # the amend's and joins'
+            joined_options = commit.aliases or commit.replace_aliases or commit.retain
+            if not written and not gone and not joined_options:
                 # Metadata only: the files stay where they are; only the marker changes.
                 commit.abort()
                 _rewrite_marker(root, base, merged)

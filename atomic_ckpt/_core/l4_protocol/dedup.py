@@ -146,6 +146,10 @@ def apply(root: Root, commit: Any, entries: list[FileEntry]) -> list[FileEntry]:
             target = commit.path / mine.path
             tmp = target.with_name(temp_name(target.name))
             expect = (dev, their.ino, their.size, their.mtime_ns)
+            if file_id(os.lstat(target)) == expect:
+                # Already that very file (an amend's kept file): renaming a second link of
+                # one inode over the first is a no-op that would leave the link behind.
+                continue
             how = link_same(pin, mine.path, tmp, expect, target)
             if how is None:
                 continue

@@ -67,21 +67,29 @@ class JoinedBlocks:
         """Wait for the joined blocks to end, then refuse new ones: the first step of
         publishing (idempotent). CommitStateError, aborting the commit, if one is still
         open after :attr:`join_timeout` or is open in this very thread; CommitStateError
-        chained from its error if a joined block failed."""
+        chained from its error if a joined block failed. An exception interrupting the
+        wait (KeyboardInterrupt) aborts the commit and propagates: nothing stays open."""
         self._require_open("publish")
         me = threading.get_ident()
         with self._cond:
             if self._sealed:
                 return
             inside = bool(self._joiners.get(me))
+            interrupted: BaseException | None = None
             if not inside:
-                self._cond.wait_for(
-                    lambda: not self._joiners or self._state != "open", self.join_timeout
-                )
+                try:
+                    self._cond.wait_for(
+                        lambda: not self._joiners or self._state != "open", self.join_timeout
+                    )
+                except BaseException as exc:  # Ctrl-C, a signal handler's error
+                    interrupted = exc
             still = sum(self._joiners.values())
-            if self._state == "open" and not still:
+            if interrupted is None and self._state == "open" and not still:
                 self._sealed = True
                 return
+        if interrupted is not None:  # an interrupted publish aborts, as a failed block does
+            self.abort(interrupted)
+            raise interrupted
         self._require_open("publish")  # aborted meanwhile by a failed joined block
         why = (
             "it is published from inside a block that joined it (that block would wait "

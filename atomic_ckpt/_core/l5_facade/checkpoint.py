@@ -327,7 +327,11 @@ class CheckpointDir(Reading, TrainerOps):
         headers against the file's length, torch zip archives' central directories, JSON
         that parses. One :class:`~atomic_ckpt.FileCheck` per regular file; ``format`` None
         for a file of a format not known here (not checked). Read-only."""
-        return check_contents(self.path_of(step))
+        path = self.path_of(step)
+        if not path.is_dir():
+            why = f"no directory for step {step} in {self.root}: nothing to check (see ls)"
+            raise CheckpointNotFoundError(why, path=path)
+        return check_contents(path)
 
     def clean(self, *, dry_run: bool = False, force: bool = False) -> list[Path]:
         """Remove what crashed or killed saves left behind; return what was (or would be) removed.

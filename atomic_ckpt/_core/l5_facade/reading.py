@@ -58,6 +58,22 @@ class ResumePlan(NamedTuple):
 
 
 PathLike = str | os.PathLike[str]
+
+REPLACED_RETRIES = 3
+"""How many times a verify that failed on a step directory replaced meanwhile (by another
+commit of the step) verifies the new one before its failure is raised."""
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """What changes when ``path``'s checkpoint is replaced: the directory's and its marker's
+    inode and times (a new save's directory and marker are new files), None if absent."""
+    try:
+        top, marker = os.lstat(path), os.lstat(path / MARKER)
+    except OSError:
+        return None
+    return (top.st_dev, top.st_ino, top.st_ctime_ns, marker.st_ino, marker.st_ctime_ns)
+
+
 Verifier = Callable[[Checkpoint, Collection[str]], Mapping[str, memoryview]]
 """``verifier(checkpoint, read)`` of :meth:`CheckpointDir.resume_verified`: the views of
 ``read``, or VerificationError to pass the candidate over."""
@@ -173,11 +189,12 @@ class Reading:
             if not verify:
                 return VerifiedCheckpoint(ckpt, {})
             try:
-                checked = self.get(ckpt.step)  # its marker read whole, as verify() does
+                checked: Checkpoint
                 files: Mapping[str, memoryview]
                 if verifier is None:
-                    files = _verify.verify(checked, workers=self._root.workers, keep=read)
+                    checked, files = self._verify_current(ckpt.step, keep=read)
                 else:
+                    checked = self.get(ckpt.step)  # its marker read whole, as verify() does
                     files = verifier(checked, read)
             except (VerificationError, CheckpointNotFoundError) as exc:
                 log.warning("skipping checkpoint %s: it does not verify: %s", ckpt.path, exc)
@@ -355,15 +372,43 @@ class Reading:
         nothing the manifest does not list. Raises one
         :class:`~atomic_ckpt.VerificationError` whose ``problems`` list every
         mismatch; a damaged marker (its file list fails its CRC-32) is one too.
-        A legacy (empty) marker verifies presence only.
+        A legacy (empty) marker verifies presence only. A step replaced by another
+        commit while it is verified (each save whole, this pass reading part of each)
+        is verified again, as the new save (a few times at most): the checkpoint
+        returned is the one that verified.
 
         ``progress(done, total)`` is called in this thread with the bytes checked
         so far and the total: at the start, about ten times a second, and at the
         end with ``done == total``.
         """
-        ckpt = self.get(step)
-        _verify.verify(ckpt, workers=self._root.workers, progress=progress)
-        return ckpt
+        return self._verify_current(step, progress=progress)[0]
+
+    def _verify_current(
+        self,
+        step: SupportsIndex,
+        *,
+        keep: Collection[str] = (),
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[Checkpoint, dict[str, memoryview]]:
+        """``step``'s checkpoint (its marker read whole) verified, with the kept views.
+
+        A verify that fails where the step's directory was replaced meanwhile (another
+        commit of the step: each save is whole, but this pass read part of each) verifies
+        the new directory instead, :data:`REPLACED_RETRIES` times at most; a failure on a
+        directory nobody replaced is raised as it is."""
+        for attempt in range(REPLACED_RETRIES + 1):
+            path = self._root.path / f"{self._root.prefix}{check_step(step)}"
+            before = _identity(path)
+            ckpt = self.get(step)
+            try:
+                return ckpt, _verify.verify(
+                    ckpt, workers=self._root.workers, progress=progress, keep=keep
+                )
+            except VerificationError:
+                if attempt == REPLACED_RETRIES or _identity(path) == before:
+                    raise
+                log.info("%s was replaced while it was verified: verifying the new save", path)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def entries(self, *, include_staging: bool = False) -> list[Entry]:
         """Every step directory of the root, complete or not (and staging dirs if asked),
