@@ -48,10 +48,10 @@ from atomic_ckpt._core.l3_formats.contents import FileCheck
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
 from atomic_ckpt._core.l4_protocol.commit import Commit
+from atomic_ckpt._core.l4_protocol.leftovers import clean_temporaries
 from atomic_ckpt._core.l4_protocol.named import NamedCheckpoint
 from atomic_ckpt._core.l4_protocol.onefile import (
     atomic_write,
-    clean_temporaries,
     commit_directory,
     remove_directory,
     remove_file,

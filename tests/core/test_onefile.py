@@ -644,3 +644,40 @@ def test_the_entry_of_a_directory_someone_else_made_is_made_durable_once(
             with atomic_write(directory / "last.ckpt") as tmp:
                 tmp.write_bytes(b"%d" % n)
     assert synced == [directory, tmp_path, directory]
+
+
+def test_clean_temporaries_never_removes_a_write_in_progress_in_another_process(
+    tmp_path: Path,
+) -> None:
+    """A process inside ``atomic_write`` (its temporary half written) holds the directory:
+    ``clean_temporaries`` from another process removes nothing then (not even an orphan),
+    the write commits whole, and the next clean removes the orphan."""
+    orphan = tmp_path / _onefile.temp_name("killed.bin")
+    orphan.write_bytes(b"half")
+    script = (
+        "import sys, time\n"
+        "from atomic_ckpt import atomic_write\n"
+        "with atomic_write(sys.argv[1]) as tmp:\n"
+        "    open(tmp, 'wb').write(b'first half')\n"
+        "    print('writing', flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    open(tmp, 'ab').write(b', second half')\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "live.bin")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdin is not None
+    assert child.stdout.readline() == "writing\n"
+    live = [p for p in tmp_path.iterdir() if p.name.startswith(".live.bin.tmp-")]
+    assert len(live) == 1, "the child's temporary is not there"
+    assert clean_temporaries(tmp_path) == []
+    assert live[0].exists()
+    assert orphan.exists()
+    child.communicate("go\n")
+    assert child.returncode == 0
+    assert (tmp_path / "live.bin").read_bytes() == b"first half, second half"
+    assert clean_temporaries(tmp_path) == [orphan]

@@ -33,9 +33,10 @@ import errno
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["Lock", "acquire", "create", "is_held", "try_acquire"]
+__all__ = ["Lock", "acquire", "create", "is_held", "lock_directory", "try_acquire", "writing_in"]
 
 _FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _BUSY = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES})
@@ -167,3 +168,43 @@ def is_held(path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def writing_in(directory: Path) -> Iterator[None]:
+    """Hold a shared flock on ``directory`` itself while a one-file write's temporary
+    lives in it, so that :func:`lock_directory` (what ``clean_temporaries`` takes before it
+    removes anything) sees a live write, in any process or thread. Waits while a clean
+    runs. Best effort: where a directory cannot be opened or flocked, nothing is held."""
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except OSError:
+        fd = -1
+    pid = os.getpid()
+    try:
+        if fd >= 0:
+            # Where it cannot be locked (some network filesystems), nothing is held.
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        if fd >= 0:
+            _unlock(fd, pid)
+
+
+def lock_directory(directory: Path) -> Lock | None:
+    """An exclusive flock on ``directory`` itself, without waiting: None while a
+    :func:`writing_in` block holds it (a write in progress there). Raises OSError when
+    the directory cannot be locked at all (the caller cannot tell then)."""
+    fd = os.open(directory, _DIR_FLAGS)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in _BUSY:
+            return None
+        raise
+    return Lock(directory, fd)

@@ -18,7 +18,8 @@ original error propagates; an error in step 4 raises :class:`~atomic_ckpt.NotDur
 (the new file is visible but may not survive a power loss; it is not rolled back).
 :func:`replace_symlink` and :func:`remove_file` are the same for a symlink and a delete;
 :func:`commit_directory` and :func:`remove_directory` for a directory a framework names
-itself (a sharded ``epoch=3.ckpt/``); :func:`clean_temporaries` removes what a crash left.
+itself (a sharded ``epoch=3.ckpt/``); ``clean_temporaries`` (in :mod:`.leftovers`) removes
+what a crash left, never a write in progress: each of these holds its directory's lock.
 Every call that changes the tree goes through :mod:`._fs`.
 """
 
@@ -36,10 +37,10 @@ from pathlib import Path
 from atomic_ckpt._core.l1_names.errors import CommitStateError, NotDurableError, wrap_os_error
 from atomic_ckpt._core.l1_names.names import NAME_MAX, TMP_INFIX, new_token
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls import locks as _locks
 
 __all__ = [
     "atomic_write",
-    "clean_temporaries",
     "commit_directory",
     "remove_directory",
     "remove_file",
@@ -156,39 +157,41 @@ def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False)
     except OSError as exc:
         _raise_wrapped(exc, directory)
         raise
-    try:
-        yield tmp
-    except BaseException as exc:
-        # The block's own error (say, a PermissionError reading a dataset shard):
-        # propagated unchanged, never attributed to ``directory``.
-        if os.getpid() == pid:  # a forked child's: the temporary file is the parent's
-            _discard(tmp, exc)
-        raise
-    if os.getpid() != pid:
-        raise _forked(pid, target)
-    try:
+    # A live write, to clean_temporaries in any process: it leaves this directory alone.
+    with _locks.writing_in(directory):
         try:
-            st = os.lstat(tmp)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"the block wrote nothing at {tmp}; {target} is untouched"
-            ) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise IsADirectoryError(
-                f"the block must write one regular file at {tmp}, not a "
-                f"{'directory' if stat.S_ISDIR(st.st_mode) else 'special file or link'}; "
-                f"{target} is untouched"
-            )
+            yield tmp
+        except BaseException as exc:
+            # The block's own error (say, a PermissionError reading a dataset shard):
+            # propagated unchanged, never attributed to ``directory``.
+            if os.getpid() == pid:  # a forked child's: the temporary file is the parent's
+                _discard(tmp, exc)
+            raise
+        if os.getpid() != pid:
+            raise _forked(pid, target)
+        try:
+            try:
+                st = os.lstat(tmp)
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"the block wrote nothing at {tmp}; {target} is untouched"
+                ) from None
+            if not stat.S_ISREG(st.st_mode):
+                raise IsADirectoryError(
+                    f"the block must write one regular file at {tmp}, not a "
+                    f"{'directory' if stat.S_ISDIR(st.st_mode) else 'special file or link'}; "
+                    f"{target} is untouched"
+                )
+            if durable:
+                _fs.fsync_file(tmp)  # 2. the data, before the name can point at it
+            _fs.rename(tmp, target)  # 3. the commit point
+        except BaseException as exc:
+            _discard(tmp, exc)
+            if isinstance(exc, OSError):
+                _raise_wrapped(exc, directory)
+            raise
         if durable:
-            _fs.fsync_file(tmp)  # 2. the data, before the name can point at it
-        _fs.rename(tmp, target)  # 3. the commit point
-    except BaseException as exc:
-        _discard(tmp, exc)
-        if isinstance(exc, OSError):
-            _raise_wrapped(exc, directory)
-        raise
-    if durable:
-        _fsync_directory(directory, target, "the new file")  # 4. the rename, durably
+            _fsync_directory(directory, target, "the new file")  # 4. the rename, durably
 
 
 def _forked(pid: int, target: Path) -> CommitStateError:
@@ -213,7 +216,8 @@ def write_bytes_atomic(
         if parents:
             _ensure_parent(directory, durable=durable)
         # Temporary, fsync, rename: one call; it removes the temporary file on failure.
-        _fs.write_file_durable(target, data, tmp=directory / temp_name(name), sync=durable)
+        with _locks.writing_in(directory):
+            _fs.write_file_durable(target, data, tmp=directory / temp_name(name), sync=durable)
     except OSError as exc:
         _raise_wrapped(exc, directory)
         raise
@@ -233,7 +237,8 @@ def replace_symlink(target: PathLike, link: PathLike, *, durable: bool = True) -
     directory, name = _split(link)
     path = directory / name
     try:
-        _fs.symlink_replace(os.fspath(target), path, directory / temp_name(name))
+        with _locks.writing_in(directory):
+            _fs.symlink_replace(os.fspath(target), path, directory / temp_name(name))
     except OSError as exc:
         _raise_wrapped(exc, directory)
         raise
@@ -284,41 +289,42 @@ def commit_directory(staging: PathLike, target: PathLike, *, durable: bool = Tru
     final = directory / name
     if source.parent != directory:
         raise ValueError(f"{source} must sit beside {final} (a rename across directories)")
-    old: Path | None = None
-    try:
-        if durable:
-            _fsync_tree(source)
+    with _locks.writing_in(directory):
+        old: Path | None = None
         try:
-            _fs.rename_noreplace(source, final)
-        except FileExistsError:
+            if durable:
+                _fsync_tree(source)
             try:
-                _fs.rename_exchange(source, final)
-                old = source  # the old copy now sits under the staging name
-            except OSError as exc:
-                if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
-                    raise
-                for stale in _asides_of(directory, name):  # at most one aside per name
-                    remove_directory(stale, durable=durable)
-                aside = directory / _aside_name(name)
-                _fs.replace_by_moving_aside(
-                    source, final, aside, repair="clean_temporaries() puts it back"
-                )
-                old = aside
-    except BaseException as exc:
-        if old is None:  # not promoted: remove the staging directory, touch nothing else
-            try:
-                _fs.remove_tree(source)
-            except OSError as cleanup:
-                exc.add_note(f"atomic_ckpt: removing {source} also failed: {cleanup!r}")
-        if isinstance(exc, OSError):
-            _raise_wrapped(exc, directory)
-        raise
-    if durable:
-        _fsync_directory(directory, final, "the new directory")
-    if old is not None and old != source:  # moved aside: never half-removed under that name
-        remove_directory(old, durable=durable)
-    elif old is not None:  # exchanged: the old copy holds the staging (temporary) name
-        _fs.remove_tree(old)
+                _fs.rename_noreplace(source, final)
+            except FileExistsError:
+                try:
+                    _fs.rename_exchange(source, final)
+                    old = source  # the old copy now sits under the staging name
+                except OSError as exc:
+                    if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
+                        raise
+                    for stale in _asides_of(directory, name):  # at most one aside per name
+                        remove_directory(stale, durable=durable)
+                    aside = directory / _aside_name(name)
+                    _fs.replace_by_moving_aside(
+                        source, final, aside, repair="clean_temporaries() puts it back"
+                    )
+                    old = aside
+        except BaseException as exc:
+            if old is None:  # not promoted: remove the staging directory, touch nothing else
+                try:
+                    _fs.remove_tree(source)
+                except OSError as cleanup:
+                    exc.add_note(f"atomic_ckpt: removing {source} also failed: {cleanup!r}")
+            if isinstance(exc, OSError):
+                _raise_wrapped(exc, directory)
+            raise
+        if durable:
+            _fsync_directory(directory, final, "the new directory")
+        if old is not None and old != source:  # moved aside: never half-removed under that name
+            remove_directory(old, durable=durable)
+        elif old is not None:  # exchanged: the old copy holds the staging (temporary) name
+            _fs.remove_tree(old)
     return final
 
 
@@ -370,77 +376,16 @@ def remove_directory(path: PathLike, *, durable: bool = True) -> bool:
         return False
     if not target.is_dir() or target.is_symlink():
         return remove_file(target, durable=durable)
-    aside = directory / temp_name(name)
-    try:
-        _fs.rename(target, aside)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        _raise_wrapped(exc, directory)
-        raise
-    if durable:
-        _fsync_after_removal(directory, target)
-    _fs.remove_tree(aside)
+    with _locks.writing_in(directory):
+        aside = directory / temp_name(name)
+        try:
+            _fs.rename(target, aside)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            _raise_wrapped(exc, directory)
+            raise
+        if durable:
+            _fsync_after_removal(directory, target)
+        _fs.remove_tree(aside)
     return True
-
-
-def clean_temporaries(directory: PathLike, *, durable: bool = True) -> list[Path]:
-    """Repair what interrupted writes left in ``directory``; returns the paths it removed
-    or put back.
-
-    An old directory that :func:`commit_directory` had moved aside
-    (``.<name>.tmp-old-<hex>``) is renamed back to ``<name>`` if that is missing (the
-    crash came before the new one took its place); if ``<name>`` exists it is stale
-    and removed, after the directory is fsynced. Several asides of one missing name
-    (which commit_directory never leaves) are all kept, with a warning: which one is
-    the latest cannot be told. Temporary files, links and directories
-    (``.<name>.tmp-<32 hex>``) are removed.
-
-    Call it only while nothing of this module writes into ``directory`` (say, when a
-    trainer starts): it cannot tell a live temporary from an orphan.
-    """
-    real = Path(os.path.realpath(directory))
-    try:
-        names = sorted(os.listdir(real))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    asides: dict[str, list[Path]] = {}
-    for name in names:
-        if (found := _ASIDE_RE.fullmatch(name)) is not None:
-            asides.setdefault(found["name"], []).append(real / name)
-    touched: list[Path] = []
-    doomed = [real / name for name in names if _TEMP_RE.fullmatch(name) is not None]
-    try:
-        for target_name, copies in asides.items():
-            target = real / target_name
-            if os.path.lexists(target):  # the new one took its place: these are stale
-                for stale in copies:
-                    # Under a plain temporary name first: a kill while it is removed
-                    # leaves a temporary, never a half-removed copy that could be put back.
-                    retired = real / temp_name(stale.name)
-                    _fs.rename(stale, retired)
-                    doomed.append(retired)
-                    touched.append(stale)
-            elif len(copies) == 1:
-                _fs.rename_noreplace(copies[0], target)
-                touched.append(copies[0])
-            else:
-                log.warning(
-                    "%s is missing and %d old copies of it were left aside (%s): keeping "
-                    "them all; rename the one you want back to %s",
-                    target,
-                    len(copies),
-                    ", ".join(c.name for c in copies),
-                    target_name,
-                )
-        if touched and durable:
-            _fs.fsync_dir(real)  # what is put back, and the retired names, before removals
-        for path in doomed:
-            _fs.remove_tree(path)  # a file or a tree; links are never followed
-        touched += [p for p in doomed if _TEMP_RE.fullmatch(p.name) and p.name in names]
-        if doomed and durable:
-            _fs.fsync_dir(real)
-    except OSError as exc:
-        _raise_wrapped(exc, real)
-        raise
-    return touched

@@ -109,7 +109,9 @@ class _AtomicModelCheckpoint(_ModelCheckpointBase):
             # The temporary files of saves a crash interrupted. Only a fit owns the
             # directory (Lightning allows one fit per directory, and this one has not
             # started saving); a validate, test or predict run may be an evaluation beside
-            # a training that is still saving there, so it leaves the directory alone.
+            # a training that is still saving there, so it leaves the directory alone. A
+            # fit beside another training's save in progress removes nothing either
+            # (clean_temporaries sees the directory lock every write holds).
             for path in clean_temporaries(self.dirpath):
                 log.info("removed %s, left by an interrupted save", path)
         for io in _checkpoint_io_chain(trainer):

@@ -7,9 +7,11 @@ Imported by the public module after its check that torch and Lightning are insta
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atomic_ckpt import CheckpointDir, commit_directory, remove_directory, temp_name
+from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt.integrations.lightning import _checked
 from atomic_ckpt.integrations.lightning._io import _local
 
@@ -47,17 +49,21 @@ class _AtomicShardedSave(_StrategyBase):
         name = self.broadcast(temp_name(os.path.basename(final)))
         parent = os.path.dirname(os.path.abspath(final))
         staging = os.path.join(parent, name)
-        try:
-            super().save_checkpoint(checkpoint, staging, storage_options=storage_options)
-            # Each rank flushes the tree (so what it wrote, wherever the ranks run).
-            CheckpointDir(parent, checksum=None).sync_tree(staging, hash=False)
-        except BaseException:
+        # The staging directory is a write in progress until it is committed: each rank
+        # holds the parent's lock meanwhile, so clean_temporaries (another fit's setup)
+        # leaves it alone.
+        with _locks.writing_in(Path(parent)):
+            try:
+                super().save_checkpoint(checkpoint, staging, storage_options=storage_options)
+                # Each rank flushes the tree (so what it wrote, wherever the ranks run).
+                CheckpointDir(parent, checksum=None).sync_tree(staging, hash=False)
+            except BaseException:
+                if self.is_global_zero:
+                    remove_directory(staging, durable=False)
+                raise
+            self.barrier("atomic_ckpt: every rank wrote and flushed its shards")
             if self.is_global_zero:
-                remove_directory(staging, durable=False)
-            raise
-        self.barrier("atomic_ckpt: every rank wrote and flushed its shards")
-        if self.is_global_zero:
-            commit_directory(staging, final)
+                commit_directory(staging, final)
         self.barrier("atomic_ckpt: the checkpoint directory is in place")
 
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:

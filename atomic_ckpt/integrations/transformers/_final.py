@@ -12,7 +12,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from atomic_ckpt import atomic_write
+from atomic_ckpt._core.l1_names.errors import wrap_os_error
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.integrations.transformers._resume import (
     _barrier,
     _checkpoints,
@@ -26,15 +27,21 @@ FINAL_STAGING = "final-model"
 
 
 @contextlib.contextmanager
-def _final_save(output_dir: str, *, durable: bool) -> Iterator[str]:
+def _final_save(output_dir: str, *, durable: bool, collective: bool = True) -> Iterator[str]:
     """A staging directory in ``output_dir`` (one for every rank, made by rank 0) whose
     files, once the block has written them on every rank, rank 0 moves to the same paths
-    in ``output_dir``, each atomically and durably; the staging directory is then gone."""
+    in ``output_dir``, each atomically and durably; the staging directory is then gone.
+    ``collective=False``: rank 0 alone calls it (``save_state``, ``save_metrics``).
+
+    Every file stays in the staging directory, which its lock marks as a live save, until
+    the rename that puts it in place: a kill at any point leaves nothing outside it, and
+    the next start's ``clean()`` removes it (an ``atomic_write`` beside each target left a
+    ``.<name>.tmp-<hex>`` no clean could tell from another process's live write)."""
     handle = None
     if _rank() == 0:
         handle = _checkpoints(output_dir, durable=durable).begin_named(FINAL_STAGING)
     staging = [str(handle.path) if handle is not None else ""]
-    if _distributed():
+    if collective and _distributed():
         dist.broadcast_object_list(staging, src=0)
     failed: BaseException | None = None
     try:
@@ -42,7 +49,8 @@ def _final_save(output_dir: str, *, durable: bool) -> Iterator[str]:
             yield staging[0]
         except BaseException as exc:
             failed = exc
-        _barrier()  # every rank has written (or failed) before rank 0 moves anything
+        if collective:
+            _barrier()  # every rank has written (or failed) before rank 0 moves anything
         if failed is not None:
             raise failed
         if handle is not None:
@@ -58,7 +66,7 @@ def _save_metrics(
     """``Trainer.save_metrics``'s files, each replaced atomically and durably:
     ``<split>_results.json``, and (``combined``) ``all_results.json`` updated with
     ``metrics``. A torn ``all_results.json`` would make the next call fail to read it."""
-    _write_json(os.path.join(output_dir, f"{split}_results.json"), metrics, durable=durable)
+    files = {f"{split}_results.json": metrics}
     if combined:
         path = os.path.join(output_dir, "all_results.json")
         every: dict[str, Any] = {}
@@ -66,24 +74,36 @@ def _save_metrics(
             with open(path, encoding="utf-8") as f:
                 every = json.load(f)
         every.update(metrics)
-        _write_json(path, every, durable=durable)
-
-
-def _write_json(path: str, obj: dict[str, Any], *, durable: bool) -> None:
-    with (
-        atomic_write(path, durable=durable, parents=True) as tmp,
-        open(tmp, "w", encoding="utf-8") as f,
-    ):
-        json.dump(obj, f, indent=4, sort_keys=True)
+        files["all_results.json"] = every
+    with _final_save(output_dir, durable=durable, collective=False) as staging:
+        for name, obj in files.items():
+            with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
+                json.dump(obj, f, indent=4, sort_keys=True)
 
 
 def _move_into(staging: Path, output_dir: Path, *, durable: bool) -> None:
-    """Every regular file below ``staging`` renamed over its path in ``output_dir`` with
-    :func:`~atomic_ckpt.atomic_write` (fsync, rename, fsync the directory); links and
-    other entries refused rather than followed."""
+    """Every regular file below ``staging`` renamed over its path in ``output_dir``: each
+    fsynced, renamed straight from the staging directory, and (once all are) each
+    directory it went into fsynced; links and other entries refused rather than followed."""
+    directories: dict[Path, None] = {}
     for entry in sorted(_files_below(staging)):
-        with atomic_write(output_dir / entry, durable=durable, parents=True) as tmp:
-            os.replace(staging / entry, tmp)
+        source, target = staging / entry, output_dir / entry
+        try:
+            created = _fs.makedirs(target.parent)
+            if durable:
+                for made in created:
+                    _fs.fsync_dir(made.parent)
+                _fs.fsync_file(source)  # the data, before the name can point at it
+            _fs.rename(source, target)
+        except OSError as exc:
+            wrapped = wrap_os_error(exc, output_dir)
+            if wrapped is not exc:
+                raise wrapped from exc
+            raise
+        directories[target.parent] = None
+    if durable:
+        for directory in directories:
+            _fs.fsync_dir(directory)  # the renames, durably
 
 
 def _files_below(top: Path) -> Iterator[str]:

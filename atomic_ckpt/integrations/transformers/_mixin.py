@@ -13,7 +13,7 @@ from transformers import Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
-from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, atomic_write, parse_step
+from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
@@ -260,9 +260,10 @@ class AtomicCheckpointMixin(_Base):
             return
         if self.args.output_dir is None:
             raise ValueError("save_state needs args.output_dir")
-        path = os.path.join(self.args.output_dir, TRAINER_STATE_NAME)
-        with atomic_write(path, durable=self._atomic_durable, parents=True) as tmp:
-            self.state.save_to_json(str(tmp))
+        with _final_save(
+            self.args.output_dir, durable=self._atomic_durable, collective=False
+        ) as staging:
+            self.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
 
     def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
         """``Trainer.save_metrics``: ``<split>_results.json`` and ``all_results.json`` each

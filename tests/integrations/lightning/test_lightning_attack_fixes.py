@@ -86,3 +86,68 @@ def test_a_fit_still_removes_what_a_killed_save_left(tmp_path: Path) -> None:
     trainer_for(root, every_n_train_steps=1).fit(evaluable_model())
     assert not os.path.lexists(orphan)
     assert (root / "last.ckpt").is_symlink()
+
+
+def test_a_second_fit_into_the_directory_leaves_a_save_in_progress_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fit started into the directory of another training that is saving there (a sweep
+    whose runs share ``dirpath``, a requeued job whose old process still runs) leaves that
+    save's temporary alone: the save commits whole, instead of failing with "the block
+    wrote nothing" because the new fit's setup deleted its file. It says why it cleaned
+    nothing; a later fit, once that save is done, cleans as before."""
+    from atomic_ckpt import temp_name
+
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    orphan = root / temp_name("epoch=0-step=1.ckpt")
+    orphan.write_bytes(b"half")  # a killed save's, kept until no write is in progress
+    torch.manual_seed(0)
+    with atomic_write(root / "epoch=0-step=9.ckpt") as tmp:  # the other training's save
+        with open(tmp, "wb") as f:
+            f.write(b"the first half")
+        with caplog.at_level(logging.INFO):
+            trainer_for(root, every_n_train_steps=1).fit(evaluable_model())
+        assert tmp.exists(), "a second fit removed a save in progress"
+        with open(tmp, "ab") as f:
+            f.write(b", the second half")
+    assert (root / "epoch=0-step=9.ckpt").read_bytes() == b"the first half, the second half"
+    assert "a write is in progress" in caplog.text
+    trainer_for(root, every_n_train_steps=1).fit(evaluable_model())
+    assert not os.path.lexists(orphan)
+
+
+def test_a_sharded_save_in_progress_survives_a_clean_of_its_directory(tmp_path: Path) -> None:
+    """The sharded strategies' staging directory (``.epoch=0.ckpt.tmp-<hex>/``, filled by
+    every rank before rank 0 commits it) is a write in progress while the ranks fill it:
+    a clean of the directory then (another fit's setup) removes nothing, and the
+    checkpoint directory commits whole."""
+    from atomic_ckpt import clean_temporaries
+    from atomic_ckpt.integrations.lightning._strategy import _AtomicShardedSave
+
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    cleaned: list[list[Path]] = []
+
+    class OneRank:  # what the mixin needs of a Lightning strategy, on one rank
+        _save_distributed_checkpoint = True
+        is_global_zero = True
+
+        def broadcast(self, obj: Any) -> Any:
+            return obj
+
+        def barrier(self, name: str | None = None) -> None:
+            pass
+
+        def save_checkpoint(self, checkpoint: Any, filepath: Any, storage_options: Any) -> None:
+            os.makedirs(filepath)
+            Path(filepath, "__0_0.distcp").write_bytes(b"shard 0")
+            cleaned.append(clean_temporaries(root))  # another fit starts meanwhile
+            Path(filepath, ".metadata").write_bytes(b"metadata")
+
+    class Strategy(_AtomicShardedSave, OneRank):
+        pass
+
+    Strategy().save_checkpoint({}, str(root / "epoch=0.ckpt"))
+    assert cleaned == [[]], "the clean removed the staging directory in progress"
+    assert sorted(os.listdir(root / "epoch=0.ckpt")) == [".metadata", "__0_0.distcp"]

@@ -241,21 +241,22 @@ def test_save_metrics_replaces_each_results_file_atomically_and_durably(
 
     def rename(src: Path, dst: Path) -> None:
         assert os.fspath(src) in synced, f"{src} renamed before it was fsynced"
-        renamed.append(Path(dst).name)
+        if Path(dst).parent == out:
+            renamed.append(Path(dst).name)
+            synced.append("renamed")
         real_rename(src, dst)
 
     monkeypatch.setattr(_fs, "fsync_file", fsync_file)
     monkeypatch.setattr(_fs, "fsync_dir", fsync_dir)
     monkeypatch.setattr(_fs, "rename", rename)
     trainer.save_metrics("train", {"train_loss": 1.5})
+    assert sorted(renamed) == ["all_results.json", "train_results.json"]
+    assert str(out) in synced[synced.index("renamed") :]  # the renames made durable
+    renamed.clear()
+    synced.clear()
     trainer.save_metrics("eval", {"eval_loss": 2.5})
-    assert renamed == [
-        "train_results.json",
-        "all_results.json",
-        "eval_results.json",
-        "all_results.json",
-    ]
-    assert synced.count(str(out)) >= 4  # after each rename
+    assert sorted(renamed) == ["all_results.json", "eval_results.json"]
+    assert str(out) in synced[synced.index("renamed") :]
     monkeypatch.undo()
     stock = tmp_path / "stock"
     stock.mkdir()
@@ -265,3 +266,58 @@ def test_save_metrics_replaces_each_results_file_atomically_and_durably(
     for name in ("train_results.json", "eval_results.json", "all_results.json"):
         assert (out / name).read_bytes() == (stock / name).read_bytes(), name
     assert sorted(os.listdir(out)) == sorted(os.listdir(stock))
+
+
+def killed_in_child(work: Any, kill_at: int) -> int:
+    """Run ``work()`` in a forked child that dies (``os._exit``, as SIGKILL: no cleanup runs)
+    at its ``kill_at``-th rename; returns how many renames the child reached."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        seen = [0]
+        real = _fs.rename
+
+        def rename(src: Path, dst: Path) -> None:
+            seen[0] += 1
+            if seen[0] == kill_at:
+                os.write(write, str(seen[0]).encode())
+                os._exit(9)
+            real(src, dst)
+
+        _fs.rename = rename  # type: ignore[assignment]
+        try:
+            work()
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        reached = pipe.read()
+    os.waitpid(pid, 0)
+    return int(reached or 0)
+
+
+FINAL_SAVES = {
+    "save_model": lambda t: t.save_model(),
+    "save_state": lambda t: t.save_state(),
+    "save_metrics": lambda t: t.save_metrics("train", {"train_loss": 1.5}),
+}
+
+
+@pytest.mark.parametrize("call", sorted(FINAL_SAVES))
+def test_a_final_save_killed_before_a_rename_leaves_nothing_the_next_start_keeps(
+    tmp_path: Path, call: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A script killed inside its final ``save_model``/``save_state``/``save_metrics``, just
+    before a file is renamed into place: the file written for it (a whole model's size for
+    ``model.safetensors``) is removed by the next start (a fresh run into ``output_dir``),
+    with a warning; no ``.tmp-`` name is left in ``output_dir``."""
+    out = tmp_path / "out"
+    trainer = make_trainer(out, max_steps=1, save_steps=10)
+    trainer.train()
+    assert killed_in_child(lambda: FINAL_SAVES[call](trainer), 1) == 1, "no kill"
+    assert [n for n in os.listdir(out) if TMP_INFIX in n], "the kill left nothing to clean"
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        make_trainer(out, max_steps=1, save_steps=10).train()
+    assert [n for n in os.listdir(out) if TMP_INFIX in n and "root.lock" not in n] == []
+    assert "left by a killed save" in caplog.text
