@@ -193,16 +193,21 @@ def names_manifest(request: requests.PreparedRequest) -> bool:
 
 class Hook(requests.adapters.HTTPAdapter):
     """Mounted on a store's requests session, ``around(send, request, *args, **kwargs)``
-    sends each request (or does not): the place to count, kill, fail or delay it."""
+    sends each request (or does not): the place to count, kill, fail or delay it. It
+    sends through the adapter it replaces (the store's own, with its connection
+    timeout and retries), so that a hooked store reaches its endpoint as any does."""
 
     def __init__(self, around: Callable[..., requests.Response]) -> None:
         super().__init__(pool_maxsize=64)
         self.around = around
+        self.inner: requests.adapters.BaseAdapter | None = None
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
-        return self.around(super().send, request, *args, **kwargs)
+        inner = self.inner.send if self.inner is not None else super().send
+        return self.around(inner, request, *args, **kwargs)
 
     def install(self, store: Any) -> None:
+        self.inner = store.session.get_adapter("http://")
         store.session.mount("http://", self)
 
 

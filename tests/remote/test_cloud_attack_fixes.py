@@ -118,7 +118,7 @@ def test_a_404_listing_from_something_that_is_no_container_is_no_missing_checkpo
     that reads as "no checkpoint here" (``steps``, ``latest``, ``entries``, ``begin``)."""
     conn = az_server.connection_string().replace(az_server.endpoint, gs_server.endpoint)
     wrong = RemoteCheckpointDir(
-        "az://c/run", storage_options={"connection_string": conn}, staging_dir=tmp_path
+        "az://ctr/run", storage_options={"connection_string": conn}, staging_dir=tmp_path
     )
     for what, call in {
         "steps": wrong.steps,
@@ -126,7 +126,7 @@ def test_a_404_listing_from_something_that_is_no_container_is_no_missing_checkpo
         "entries": wrong.entries,
         "clean": lambda: wrong.clean(grace=0),
     }.items():
-        with pytest.raises(NoSuchBucketError, match="container 'c'") as caught:
+        with pytest.raises(NoSuchBucketError, match="container 'ctr'") as caught:
             call()
         assert not isinstance(caught.value, FileNotFoundError), what
 
