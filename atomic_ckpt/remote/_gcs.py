@@ -202,9 +202,13 @@ class GCSStore(Store):
             path=None,
         )
 
-    def _call(self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False) -> Any:
+    def _call(
+        self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False, write: bool = False
+    ) -> Any:
         """``fn()`` with the client's errors as this library's: None for a missing object
-        (``missing_ok``), NoSuchBucketError, PermissionError, OSError."""
+        (``missing_ok``), NoSuchBucketError, PermissionError, OSError. A ``write`` (an
+        upload) answered 404 in a bucket that exists lost its resumable session (expired,
+        or the server restarted): an OSError, never a FileNotFoundError."""
         exc_mod = _G["exc"]
         try:
             out = fn()
@@ -215,6 +219,11 @@ class GCSStore(Store):
         except exc_mod.NotFound as exc:
             if not self._bucket_exists():
                 raise self._no_bucket() from exc
+            if write:
+                raise OSError(
+                    f"{self.url}: {what}: the server lost the upload session (it expired, or "
+                    f"the server restarted: {exc.code} {exc.message}): commit again"
+                ) from exc
             if missing_ok:
                 return None
             raise FileNotFoundError(f"{self.url}: {what}: not found") from exc
@@ -269,6 +278,7 @@ class GCSStore(Store):
                 checksum="crc32c",
                 retry=self.retry,
             ),
+            write=True,
         )
         return str(blob.generation)
 
@@ -310,6 +320,7 @@ class GCSStore(Store):
                     # The key is fresh (a new attempt): a retried write is the same bytes.
                     retry=self.retry,
                 ),
+                write=True,
             )
         if blob.size != f.size:
             raise OSError(f"{self.url_of(f.key)}: stored {blob.size} bytes, uploaded {f.size}")

@@ -215,7 +215,8 @@ class Hook(requests.adapters.HTTPAdapter):
 class HttpFault:
     """Fail the requests whose method is ``method`` ("" for any) and whose URL contains
     ``match``: the first ``times`` of them, doing ``what`` ("drop": a connection error
-    before sending; "500"; "timeout-after-send": sent and applied, its response lost)."""
+    before sending; "500", "404"...: that answer instead; "timeout-after-send": sent and
+    applied, its response lost)."""
 
     method: str
     what: str
@@ -238,16 +239,17 @@ class HttpFault:
         if self.what == "timeout-after-send":
             self.seen.append(send(request, *a, **kw).status_code)
             raise requests.ReadTimeout(f"injected: response lost: {request.url}")
-        body = b'{"error": {"code": 500, "message": "injected"}}'
+        status = int(self.what)
+        body = b'{"error": {"code": %d, "message": "injected"}}' % status
         out = requests.Response()
-        out.status_code = 500
+        out.status_code = status
         out.headers["Content-Type"] = "application/json"
         out.raw = urllib3.response.HTTPResponse(  # what Azure's transport reads
-            body=io.BytesIO(body), status=500, headers=out.headers, preload_content=False
+            body=io.BytesIO(body), status=status, headers=out.headers, preload_content=False
         )
         out.url = str(request.url)
         out.request = request
-        out.reason = "Internal Server Error"
+        out.reason = {404: "Not Found", 500: "Internal Server Error"}.get(status, "Error")
         return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _emulators import Emulator, Hook, Send, fast_root
+from _emulators import Emulator, Hook, HttpFault, Send, fast_root
 
 from atomic_ckpt import StepConflictError
 from atomic_ckpt.remote import NoSuchBucketError, RemoteCheckpointDir, UnsupportedStoreError
@@ -145,3 +145,25 @@ def test_an_azure_file_name_with_a_backslash_is_refused_before_its_upload(
         (path / "bs\\x").write_bytes(b"new")
     assert rdir._store.find("") == before
     assert rdir.get(1).manifest.file_count == 1
+
+
+def test_a_gcs_upload_session_the_server_lost_is_no_missing_file(
+    gs_server: Emulator, tmp_path: Path
+) -> None:
+    """A resumable upload whose session the server no longer knows (404 on a chunk: it
+    expired, or the server restarted; fake-gcs-server forgets its sessions) failed the
+    commit with a FileNotFoundError "upload of ...: not found", which reads as a local
+    file gone or a missing checkpoint. It is an OSError saying the upload session was
+    lost and to commit again; the old checkpoint stays whole and visible."""
+    url = f"gs://{gs_server.new_bucket()}/run"
+    rdir = fast_root(gs_server, url, tmp_path)
+    with rdir.commit(1) as path:
+        (path / "w").write_bytes(b"old")
+    fault = HttpFault("PUT", "404", match="upload_id=")
+    fault.install(rdir._store)
+    with pytest.raises(OSError, match="upload session") as caught, rdir.commit(2) as path:
+        (path / "big").write_bytes(b"x" * (11 << 20))
+    assert fault.fired == 1, "a chunk of the resumable upload was answered 404"
+    assert not isinstance(caught.value, FileNotFoundError)
+    assert rdir.url in str(caught.value)
+    assert rdir.steps() == [1]
