@@ -194,9 +194,10 @@ class AzureStore(Store):
         self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False, listing: bool = False
     ) -> Any:
         """``fn()`` with the client's errors as this library's: None for a missing blob
-        (``missing_ok``), NoSuchBucketError, PermissionError, OSError. A ``listing`` (of
-        the container) that is not found means no container, whatever the error code
-        (a wrong endpoint answers 404 without ``ContainerNotFound``)."""
+        (``missing_ok``), NoSuchBucketError, PermissionError, OSError. Only a 404 with
+        ``BlobNotFound`` is a missing blob: any other (``ContainerNotFound``, a listing's
+        404, or no Azure error code at all: a wrong endpoint) means no container there,
+        never "no such checkpoint"."""
         exc = _A["exc"]
         try:
             return fn()
@@ -204,7 +205,7 @@ class AzureStore(Store):
             raise ConnectionError(f"{self.url}: {what}: {err}") from err
         except exc.ResourceNotFoundError as err:
             code = str(getattr(err, "error_code", ""))
-            if listing or code.endswith("ContainerNotFound"):
+            if listing or not code.endswith("BlobNotFound"):
                 raise NoSuchBucketError(
                     f"{self.url}: the container {self.container_name!r} does not exist at "
                     f"{self.fs.url}: create it, or check the URL, the account and the endpoint",

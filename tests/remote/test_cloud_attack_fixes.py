@@ -115,7 +115,9 @@ def test_a_404_listing_from_something_that_is_no_container_is_no_missing_checkpo
     """An az:// root whose endpoint answers a container listing 404 without
     ``ContainerNotFound`` (here: fake-gcs-server, a wrong endpoint) raises
     NoSuchBucketError naming the container and the endpoint, not a FileNotFoundError
-    that reads as "no checkpoint here" (``steps``, ``latest``, ``entries``, ``begin``)."""
+    that reads as "no checkpoint here" (``steps``, ``latest``, ``entries``, ``begin``);
+    nor is a blob read or delete answered 404 without ``BlobNotFound`` a missing blob
+    (``get`` and ``delete`` said "no complete checkpoint for step 1")."""
     conn = az_server.connection_string().replace(az_server.endpoint, gs_server.endpoint)
     wrong = RemoteCheckpointDir(
         "az://ctr/run", storage_options={"connection_string": conn}, staging_dir=tmp_path
@@ -125,6 +127,8 @@ def test_a_404_listing_from_something_that_is_no_container_is_no_missing_checkpo
         "latest": wrong.latest,
         "entries": wrong.entries,
         "clean": lambda: wrong.clean(grace=0),
+        "get": lambda: wrong.get(1),
+        "delete": lambda: wrong.delete(1),
     }.items():
         with pytest.raises(NoSuchBucketError, match="container 'ctr'") as caught:
             call()
