@@ -30,7 +30,7 @@ run_tests() {
   # CI=true (as .ci/run runs): a missing client or emulator fails instead of skipping.
   CI=${CI:-true} "$1/bin/python" -m pytest -q -p no:cacheprovider \
     tests/remote/test_cloud.py tests/remote/test_cloud_faults.py tests/remote/test_cloud_options.py \
-    tests/remote/test_cloud_attack_fixes.py \
+    tests/remote/test_cloud_attack_fixes.py tests/remote/test_cloud_reach.py \
     -k "not racing"
   echo "oldest clients ($((SECONDS - started)) s): done"
 }

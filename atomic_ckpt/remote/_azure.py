@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from atomic_ckpt.remote._store import (
+    EndpointUnreachable,
     NoSuchBucketError,
     ObjectInfo,
     PreconditionFailed,
@@ -45,6 +46,14 @@ _OPTIONS = (
     "account_host",
     "endpoint_url",
     "client_kwargs",
+    "connection_timeout",
+    "read_timeout",
+    "connect_retries",
+)
+_HINT = (
+    "check the endpoint (the connection string's BlobEndpoint, or storage_options "
+    "endpoint_url, account_host or account_name), that the server is running and that "
+    "this machine reaches it"
 )
 
 
@@ -82,6 +91,9 @@ def open_azure(url: str, root: str, options: dict[str, Any]) -> AzureStore:
         raise ValueError(
             f"{url}: unknown storage_options {unknown} for az:// (it takes {list(_OPTIONS)})"
         )
+    from atomic_ckpt.remote import _http
+
+    reach = _http.Reach.from_options(url, options)
     container, host, prefix = _split(url, root)
     env = os.environ
     session = _A["requests"].Session()
@@ -92,7 +104,19 @@ def open_azure(url: str, root: str, options: dict[str, Any]) -> AzureStore:
     service = _A["blob"].BlobServiceClient
     connection = options.get("connection_string") or env.get("AZURE_STORAGE_CONNECTION_STRING")
     if connection and not options.get("account_name"):
-        client = service.from_connection_string(connection, **kwargs)
+        try:
+            client = service.from_connection_string(connection, **kwargs)
+        except ValueError as exc:
+            source = (
+                "connection_string"
+                if options.get("connection_string")
+                else "AZURE_STORAGE_CONNECTION_STRING"
+            )
+            raise ValueError(
+                f"{url}: {source} is not a connection string the client reads ({exc}): it is "
+                "'DefaultEndpointsProtocol=https;AccountName=...;AccountKey=...;"
+                "EndpointSuffix=core.windows.net' (or with BlobEndpoint=...)"
+            ) from None
     else:
         account = options.get("account_name") or env.get("AZURE_STORAGE_ACCOUNT_NAME")
         endpoint = options.get("endpoint_url")
@@ -104,11 +128,18 @@ def open_azure(url: str, root: str, options: dict[str, Any]) -> AzureStore:
                     "or account_name (with account_key, sas_token or credential)"
                 )
             endpoint = f"https://{host or f'{account}.blob.core.windows.net'}"
-        client = service(endpoint, credential=_credential(options, account), **kwargs)
+        else:
+            _http.check_endpoint(url, "endpoint_url", endpoint)
+        credential = _credential(url, options, account)
+        try:
+            client = service(endpoint, credential=credential, **kwargs)
+        except ValueError as exc:
+            raise ValueError(f"{url}: {exc}") from None
+    _http.mount(session, reach, _HINT)
     return AzureStore(url, client, container, prefix, session)
 
 
-def _credential(options: dict[str, Any], account: str | None) -> Any:
+def _credential(url: str, options: dict[str, Any], account: str | None) -> Any:
     if options.get("anon"):
         return None
     if options.get("credential") is not None:
@@ -123,7 +154,7 @@ def _credential(options: dict[str, Any], account: str | None) -> Any:
         return importlib.import_module("azure.identity").DefaultAzureCredential()
     except ImportError:
         raise PermissionError(
-            "no Azure credentials: pass storage_options account_key, sas_token, credential "
+            f"{url}: no Azure credentials: pass storage_options account_key, sas_token, credential "
             "or connection_string (or anon=True), or pip install azure-identity for "
             "DefaultAzureCredential"
         ) from None
@@ -163,15 +194,18 @@ class AzureStore(Store):
         self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False, listing: bool = False
     ) -> Any:
         """``fn()`` with the client's errors as this library's: None for a missing blob
-        (``missing_ok``), NoSuchBucketError, PermissionError, OSError. A ``listing`` (of
-        the container) that is not found means no container, whatever the error code
-        (a wrong endpoint answers 404 without ``ContainerNotFound``)."""
+        (``missing_ok``), NoSuchBucketError, PermissionError, OSError. Only a 404 with
+        ``BlobNotFound`` is a missing blob: any other (``ContainerNotFound``, a listing's
+        404, or no Azure error code at all: a wrong endpoint) means no container there,
+        never "no such checkpoint"."""
         exc = _A["exc"]
         try:
             return fn()
+        except EndpointUnreachable as err:
+            raise ConnectionError(f"{self.url}: {what}: {err}") from err
         except exc.ResourceNotFoundError as err:
             code = str(getattr(err, "error_code", ""))
-            if listing or code.endswith("ContainerNotFound"):
+            if listing or not code.endswith("BlobNotFound"):
                 raise NoSuchBucketError(
                     f"{self.url}: the container {self.container_name!r} does not exist at "
                     f"{self.fs.url}: create it, or check the URL, the account and the endpoint",

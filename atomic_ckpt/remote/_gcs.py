@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from atomic_ckpt.remote._store import (
+    EndpointUnreachable,
     NoSuchBucketError,
     ObjectInfo,
     PreconditionFailed,
@@ -42,7 +43,20 @@ _G: dict[str, Any] = {}
 
 _CHUNK = 256 << 10
 """A resumable upload's chunks are a multiple of this (the JSON API's rule)."""
-_OPTIONS = ("endpoint_url", "token", "project", "client_kwargs")
+_OPTIONS = (
+    "endpoint_url",
+    "token",
+    "project",
+    "client_kwargs",
+    "connection_timeout",
+    "read_timeout",
+    "connect_retries",
+)
+_HINT = (
+    "check the endpoint (storage_options endpoint_url, or STORAGE_EMULATOR_HOST; neither: "
+    "Google Cloud Storage itself), that the server is running and that this machine "
+    "reaches it"
+)
 
 
 def load_gcs() -> None:
@@ -79,7 +93,7 @@ def _media_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def _credentials(token: Any, endpoint: str | None) -> Any:
+def _credentials(url: str, token: Any, endpoint: str | None) -> Any:
     """gcsfs's ``token`` as google-auth credentials (None: the environment's default)."""
     if token is None and endpoint is not None:
         return _G["credentials"].AnonymousCredentials()  # an emulator or a private endpoint
@@ -87,27 +101,47 @@ def _credentials(token: Any, endpoint: str | None) -> Any:
         return _G["credentials"].AnonymousCredentials()
     if token in (None, "google_default", "cloud"):
         return None  # the client looks them up (GOOGLE_APPLICATION_CREDENTIALS, metadata)
-    if isinstance(token, dict):
-        return _G["service_account"].Credentials.from_service_account_info(token)
-    if isinstance(token, str | os.PathLike):
-        return _G["service_account"].Credentials.from_service_account_file(os.fspath(token))
-    return token  # a google.auth Credentials object
+    if isinstance(token, _G["credentials"].Credentials):
+        return token
+    if not isinstance(token, dict | str | os.PathLike):
+        raise ValueError(
+            f"{url}: storage_options token must be 'anon', 'google_default', a service-account "
+            f"JSON file or its dict, or a google.auth Credentials object, not {token!r}"
+        )
+    accounts = _G["service_account"].Credentials
+    try:
+        if isinstance(token, dict):
+            return accounts.from_service_account_info(token)
+        return accounts.from_service_account_file(os.fspath(token))
+    except (OSError, ValueError, KeyError) as exc:
+        what = "dict" if isinstance(token, dict) else f"file {os.fspath(token)!r}"
+        raise PermissionError(
+            f"{url}: storage_options token: the service-account {what} gives no credentials "
+            f"({type(exc).__name__}: {exc}): pass a service-account key file as Google Cloud "
+            "writes it, or token='anon'"
+        ) from None
 
 
 def open_gcs(url: str, root: str, options: dict[str, Any]) -> GCSStore:
     """The store of ``gs://bucket/prefix`` with gcsfs's ``storage_options``."""
     load_gcs()
+    from atomic_ckpt.remote import _http
+
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise ValueError(
             f"{url}: unknown storage_options {unknown} for gs:// (it takes {list(_OPTIONS)})"
         )
+    reach = _http.Reach.from_options(url, options)
     endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    if endpoint:
+        source = "endpoint_url" if options.get("endpoint_url") else "STORAGE_EMULATOR_HOST"
+        _http.check_endpoint(url, source, endpoint)
     kwargs: dict[str, Any] = dict(options.get("client_kwargs") or {})
     if endpoint:
         kwargs["client_options"] = {"api_endpoint": endpoint}
     project = options.get("project")
-    credentials = _credentials(options.get("token"), endpoint)
+    credentials = _credentials(url, options.get("token"), endpoint)
     if project is None and isinstance(credentials, _G["credentials"].AnonymousCredentials):
         project = "<none>"  # listing and reading need none; the client insists on one
     try:
@@ -118,7 +152,11 @@ def open_gcs(url: str, root: str, options: dict[str, Any]) -> GCSStore:
             "token=<service account JSON file> or token='anon', or set "
             "GOOGLE_APPLICATION_CREDENTIALS"
         ) from None
-    return GCSStore(url, client, root)
+    except ValueError as exc:  # e.g. client_kwargs the client refuses
+        raise ValueError(f"{url}: {exc}") from None
+    store = GCSStore(url, client, root)
+    _http.mount(store.session, reach, _HINT)
+    return store
 
 
 class GCSStore(Store):
@@ -164,17 +202,28 @@ class GCSStore(Store):
             path=None,
         )
 
-    def _call(self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False) -> Any:
+    def _call(
+        self, what: str, fn: Callable[[], Any], *, missing_ok: bool = False, write: bool = False
+    ) -> Any:
         """``fn()`` with the client's errors as this library's: None for a missing object
-        (``missing_ok``), NoSuchBucketError, PermissionError, OSError."""
+        (``missing_ok``), NoSuchBucketError, PermissionError, OSError. A ``write`` (an
+        upload) answered 404 in a bucket that exists lost its resumable session (expired,
+        or the server restarted): an OSError, never a FileNotFoundError."""
         exc_mod = _G["exc"]
         try:
             out = fn()
+        except EndpointUnreachable as exc:
+            raise ConnectionError(f"{self.url}: {what}: {exc}") from exc
         except exc_mod.PreconditionFailed as exc:
             raise PreconditionFailed(f"{self.url}: {what}") from exc
         except exc_mod.NotFound as exc:
             if not self._bucket_exists():
                 raise self._no_bucket() from exc
+            if write:
+                raise OSError(
+                    f"{self.url}: {what}: the server lost the upload session (it expired, or "
+                    f"the server restarted: {exc.code} {exc.message}): commit again"
+                ) from exc
             if missing_ok:
                 return None
             raise FileNotFoundError(f"{self.url}: {what}: not found") from exc
@@ -229,6 +278,7 @@ class GCSStore(Store):
                 checksum="crc32c",
                 retry=self.retry,
             ),
+            write=True,
         )
         return str(blob.generation)
 
@@ -270,6 +320,7 @@ class GCSStore(Store):
                     # The key is fresh (a new attempt): a retried write is the same bytes.
                     retry=self.retry,
                 ),
+                write=True,
             )
         if blob.size != f.size:
             raise OSError(f"{self.url_of(f.key)}: stored {blob.size} bytes, uploaded {f.size}")

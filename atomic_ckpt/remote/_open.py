@@ -9,6 +9,7 @@ with :class:`~._store.UnsupportedStoreError`.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 from atomic_ckpt.remote._azure import open_azure
@@ -22,6 +23,48 @@ from atomic_ckpt.remote._store import Store, UnsupportedStoreError
 fsspec: Any = importlib.import_module("fsspec")
 
 
+_BUCKETS = {
+    # GCS: 3-63 characters (222 with dots), lowercase letters, digits, - _ and .
+    "gs": ("BUCKET", "GCS bucket", re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")),
+    # Azure: 3-63 lowercase letters, digits and single hyphens, or a system container.
+    "az": (
+        "CONTAINER",
+        "Azure container",
+        re.compile(r"\$root|\$web|\$logs|[a-z0-9](?:-?[a-z0-9]){2,62}"),
+    ),
+    # S3: what an S3-compatible server may allow (legacy buckets have capitals and _).
+    "s3": ("BUCKET", "bucket", re.compile(r"[^/?#\s]+")),
+}
+_FAMILY = {"gs": "gs", "gcs": "gs", "az": "az", "abfs": "az", "s3": "s3", "s3a": "s3"}
+
+
+def check_root(url: str, protocol: str) -> None:
+    """Refuse (ValueError naming the form a root takes) a root with no bucket right after
+    ``://`` (``gs:///run`` is not the bucket "run"), a bucket the store's naming rules
+    forbid, or an empty segment in the prefix (``run//x``: the store keeps it apart from
+    ``run/x``). A trailing ``/`` is no segment."""
+    family = _FAMILY.get(protocol)
+    if family is None:
+        return
+    kind, what, rule = _BUCKETS[family]
+    form = f"{protocol}://{kind}/PREFIX (PREFIX may be empty)"
+    bucket, _, prefix = url.split("://", 1)[1].partition("/")
+    if family == "az" and "@" in bucket:  # adlfs's container@account-host
+        bucket, _, host = bucket.partition("@")
+        form = f"{protocol}://{kind}/PREFIX or {protocol}://{kind}@HOST/PREFIX"
+        if not host:
+            raise ValueError(f"{url}: no account host after '@': a root is {form}")
+    if not bucket:
+        why = f"no {kind.lower()} right after '{protocol}://'"
+    elif not rule.fullmatch(bucket) or (family == "gs" and len(bucket) > 63 and "." not in bucket):
+        why = f"{bucket!r} is no valid {what} name"
+    elif prefix.rstrip("/") and "" in prefix.rstrip("/").split("/"):
+        why = "the prefix has an empty segment ('//')"
+    else:
+        return
+    raise ValueError(f"{url}: {why}: a root is {form}")
+
+
 def open_store(url: str, storage_options: dict[str, Any] | None) -> Store:
     """The store of ``url``; ``storage_options`` go to fsspec unchanged for ``s3://``, and
     are read as gcsfs's (``gs://``) or adlfs's (``az://``) otherwise."""
@@ -31,6 +74,7 @@ def open_store(url: str, storage_options: dict[str, Any] | None) -> Store:
             "az://container/prefix, memory://name)"
         )
     protocol = url.split("://", 1)[0].lower()
+    check_root(url, protocol)
     options = dict(storage_options or {})
     if protocol in ("s3", "s3a"):
         load_s3fs()

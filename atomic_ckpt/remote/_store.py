@@ -48,6 +48,12 @@ class NoSuchBucketError(CheckpointError, OSError):
     checkpoint: it is no FileNotFoundError, so nothing reads it as "no such step"."""
 
 
+class EndpointUnreachable(OSError):
+    """No connection to the endpoint could be made (:mod:`._http`'s retries spent). No
+    ConnectionError, so that no client retries it again: a store's error handling turns
+    it into one, naming the root."""
+
+
 class PreconditionFailed(Exception):
     """A conditional write found the key not in the state it required (HTTP 412)."""
 

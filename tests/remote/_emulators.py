@@ -193,16 +193,21 @@ def names_manifest(request: requests.PreparedRequest) -> bool:
 
 class Hook(requests.adapters.HTTPAdapter):
     """Mounted on a store's requests session, ``around(send, request, *args, **kwargs)``
-    sends each request (or does not): the place to count, kill, fail or delay it."""
+    sends each request (or does not): the place to count, kill, fail or delay it. It
+    sends through the adapter it replaces (the store's own, with its connection
+    timeout and retries), so that a hooked store reaches its endpoint as any does."""
 
     def __init__(self, around: Callable[..., requests.Response]) -> None:
         super().__init__(pool_maxsize=64)
         self.around = around
+        self.inner: requests.adapters.BaseAdapter | None = None
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
-        return self.around(super().send, request, *args, **kwargs)
+        inner = self.inner.send if self.inner is not None else super().send
+        return self.around(inner, request, *args, **kwargs)
 
     def install(self, store: Any) -> None:
+        self.inner = store.session.get_adapter("http://")
         store.session.mount("http://", self)
 
 
@@ -210,7 +215,8 @@ class Hook(requests.adapters.HTTPAdapter):
 class HttpFault:
     """Fail the requests whose method is ``method`` ("" for any) and whose URL contains
     ``match``: the first ``times`` of them, doing ``what`` ("drop": a connection error
-    before sending; "500"; "timeout-after-send": sent and applied, its response lost)."""
+    before sending; "500", "404"...: that answer instead; "timeout-after-send": sent and
+    applied, its response lost)."""
 
     method: str
     what: str
@@ -233,16 +239,17 @@ class HttpFault:
         if self.what == "timeout-after-send":
             self.seen.append(send(request, *a, **kw).status_code)
             raise requests.ReadTimeout(f"injected: response lost: {request.url}")
-        body = b'{"error": {"code": 500, "message": "injected"}}'
+        status = int(self.what)
+        body = b'{"error": {"code": %d, "message": "injected"}}' % status
         out = requests.Response()
-        out.status_code = 500
+        out.status_code = status
         out.headers["Content-Type"] = "application/json"
         out.raw = urllib3.response.HTTPResponse(  # what Azure's transport reads
-            body=io.BytesIO(body), status=500, headers=out.headers, preload_content=False
+            body=io.BytesIO(body), status=status, headers=out.headers, preload_content=False
         )
         out.url = str(request.url)
         out.request = request
-        out.reason = "Internal Server Error"
+        out.reason = {404: "Not Found", 500: "Internal Server Error"}.get(status, "Error")
         return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _emulators import Emulator, Hook, Send, fast_root
+from _emulators import Emulator, Hook, HttpFault, Send, fast_root
 
 from atomic_ckpt import StepConflictError
 from atomic_ckpt.remote import NoSuchBucketError, RemoteCheckpointDir, UnsupportedStoreError
@@ -115,18 +115,22 @@ def test_a_404_listing_from_something_that_is_no_container_is_no_missing_checkpo
     """An az:// root whose endpoint answers a container listing 404 without
     ``ContainerNotFound`` (here: fake-gcs-server, a wrong endpoint) raises
     NoSuchBucketError naming the container and the endpoint, not a FileNotFoundError
-    that reads as "no checkpoint here" (``steps``, ``latest``, ``entries``, ``begin``)."""
+    that reads as "no checkpoint here" (``steps``, ``latest``, ``entries``, ``begin``);
+    nor is a blob read or delete answered 404 without ``BlobNotFound`` a missing blob
+    (``get`` and ``delete`` said "no complete checkpoint for step 1")."""
     conn = az_server.connection_string().replace(az_server.endpoint, gs_server.endpoint)
     wrong = RemoteCheckpointDir(
-        "az://c/run", storage_options={"connection_string": conn}, staging_dir=tmp_path
+        "az://ctr/run", storage_options={"connection_string": conn}, staging_dir=tmp_path
     )
     for what, call in {
         "steps": wrong.steps,
         "latest": wrong.latest,
         "entries": wrong.entries,
         "clean": lambda: wrong.clean(grace=0),
+        "get": lambda: wrong.get(1),
+        "delete": lambda: wrong.delete(1),
     }.items():
-        with pytest.raises(NoSuchBucketError, match="container 'c'") as caught:
+        with pytest.raises(NoSuchBucketError, match="container 'ctr'") as caught:
             call()
         assert not isinstance(caught.value, FileNotFoundError), what
 
@@ -145,3 +149,25 @@ def test_an_azure_file_name_with_a_backslash_is_refused_before_its_upload(
         (path / "bs\\x").write_bytes(b"new")
     assert rdir._store.find("") == before
     assert rdir.get(1).manifest.file_count == 1
+
+
+def test_a_gcs_upload_session_the_server_lost_is_no_missing_file(
+    gs_server: Emulator, tmp_path: Path
+) -> None:
+    """A resumable upload whose session the server no longer knows (404 on a chunk: it
+    expired, or the server restarted; fake-gcs-server forgets its sessions) failed the
+    commit with a FileNotFoundError "upload of ...: not found", which reads as a local
+    file gone or a missing checkpoint. It is an OSError saying the upload session was
+    lost and to commit again; the old checkpoint stays whole and visible."""
+    url = f"gs://{gs_server.new_bucket()}/run"
+    rdir = fast_root(gs_server, url, tmp_path)
+    with rdir.commit(1) as path:
+        (path / "w").write_bytes(b"old")
+    fault = HttpFault("PUT", "404", match="upload_id=")
+    fault.install(rdir._store)
+    with pytest.raises(OSError, match="upload session") as caught, rdir.commit(2) as path:
+        (path / "big").write_bytes(b"x" * (11 << 20))
+    assert fault.fired == 1, "a chunk of the resumable upload was answered 404"
+    assert not isinstance(caught.value, FileNotFoundError)
+    assert rdir.url in str(caught.value)
+    assert rdir.steps() == [1]

@@ -202,10 +202,10 @@ def test_an_account_host_in_the_url_names_the_endpoint() -> None:
 @pytest.mark.parametrize(
     ("url", "options", "match"),
     [
-        ("gs://b/run", {"endpoint_url": "http://127.0.0.1:9", "key": "x"}, "unknown.*'key'"),
-        ("az://c/run", {"connection_string": "x", "secret": "y"}, "unknown.*'secret'"),
-        ("az://c/run", {"account_key": "k"}, "name the storage account"),
-        ("gs://", {"token": "anon"}, "name a bucket"),
+        ("gs://bkt/run", {"endpoint_url": "http://127.0.0.1:9", "key": "x"}, "unknown.*'key'"),
+        ("az://ctr/run", {"connection_string": "x", "secret": "y"}, "unknown.*'secret'"),
+        ("az://ctr/run", {"account_key": "k"}, "name the storage account"),
+        ("gs://", {"token": "anon"}, "no bucket"),
     ],
     ids=["gs-unknown", "az-unknown", "az-no-account", "gs-no-bucket"],
 )

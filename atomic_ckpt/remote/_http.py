@@ -1,0 +1,141 @@
+"""How the gs:// and az:// clients reach their endpoint: :class:`Reach`, the connection
+settings read from ``storage_options``, and :class:`FastFailAdapter`, the requests
+transport both clients' requests go through.
+
+A request that cannot even connect (refused, unresolvable host, no answer to the
+connection within ``connection_timeout``) was never sent, so trying it again is safe;
+the adapter tries it ``connect_retries`` more times, 0.5 s, 1 s, 2 s... apart, then
+raises :class:`EndpointUnreachable`, which neither client retries (each would keep
+trying for a minute or two: a wrong endpoint took 72-120 s to fail) and which the store
+reports as a ``ConnectionError`` naming the endpoint and what to check. Everything
+else (a 5xx, a connection dropped mid-request, a lost answer) is left to the client's
+own retries, which the conditional writes make safe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from atomic_ckpt.remote._store import EndpointUnreachable
+
+# requests and urllib3 come with both clients; imported as modules of type Any, so that
+# mypy --strict needs no stubs for them.
+_requests: Any = importlib.import_module("requests")
+_adapters: Any = importlib.import_module("requests.adapters")
+_urllib3_exc: Any = importlib.import_module("urllib3.exceptions")
+_Retry: Any = importlib.import_module("urllib3.util.retry").Retry
+
+OPTIONS = ("connection_timeout", "read_timeout", "connect_retries")
+"""The storage_options read here (for gs:// and az:// alike)."""
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How long to wait for a connection and an answer, how often to retry a connection."""
+
+    connection_timeout: float = 5.0
+    """Seconds to wait for a connection to be made (each try)."""
+    read_timeout: float | None = None
+    """Seconds to wait for an answer once connected (None: the client's, 60 s)."""
+    connect_retries: int = 3
+    """Further tries of a connection that could not be made."""
+
+    @classmethod
+    def from_options(cls, url: str, options: dict[str, Any]) -> Reach:
+        """The settings in ``options`` (ValueError naming the bad one)."""
+        got: dict[str, Any] = {}
+        for name in ("connection_timeout", "read_timeout"):
+            value = options.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(
+                    f"{url}: storage_options {name} must be seconds > 0, not {value!r}"
+                )
+            got[name] = float(value)
+        retries = options.get("connect_retries")
+        if retries is not None:
+            if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+                raise ValueError(
+                    f"{url}: storage_options connect_retries must be an int >= 0, not {retries!r}"
+                )
+            got["connect_retries"] = retries
+        return cls(**got)
+
+
+def endpoint_of(url: str) -> str:
+    """``scheme://host[:port]`` of a request URL."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def check_endpoint(url: str, option: str, endpoint: str) -> None:
+    """Refuse an endpoint that is no http(s) URL (requests would fail on every request
+    with "No connection adapters were found")."""
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(
+            f"{url}: {option} {endpoint!r} is no endpoint URL: give it as "
+            "http://host:port or https://host"
+        )
+
+
+class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
+    """The requests adapter of a gs:// or az:// store's session: the client's requests,
+    with :class:`Reach`'s connection timeout and connection retries; a connection that
+    cannot be made is :class:`EndpointUnreachable` with ``hint`` (what to check)."""
+
+    def __init__(self, reach: Reach, hint: str) -> None:
+        retry = _Retry(
+            total=None,
+            connect=reach.connect_retries,
+            read=False,  # a request that was sent: the client's retries decide
+            redirect=0,
+            status=0,
+            other=0,
+            backoff_factor=0.5,
+            raise_on_status=False,
+        )
+        super().__init__(pool_maxsize=64, max_retries=retry)
+        self.reach = reach
+        self.hint = hint
+
+    def send(self, request: Any, *args: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        read = self.reach.read_timeout
+        if read is None:
+            read = timeout[1] if isinstance(timeout, tuple) else timeout
+        try:
+            return super().send(
+                request, *args, timeout=(self.reach.connection_timeout, read), **kwargs
+            )
+        except _requests.ConnectionError as exc:
+            reason = getattr(exc.args[0] if exc.args else None, "reason", None)
+            if not isinstance(reason, _urllib3_exc.ConnectTimeoutError):  # refused, DNS, timeout
+                raise
+            endpoint = endpoint_of(str(request.url))
+            tries = self.reach.connect_retries + 1
+            raise EndpointUnreachable(
+                f"cannot connect to {endpoint} ({_why(reason)}; {tries} "
+                f"{'try' if tries == 1 else 'tries'}, {self.reach.connection_timeout:g} s "
+                f"each at most): {self.hint}; storage_options connection_timeout and "
+                "connect_retries bound how long this takes"
+            ) from exc
+
+
+def _why(reason: Any) -> str:
+    """The end of urllib3's message: "[Errno 111] Connection refused", "timed out"..."""
+    text = str(reason)
+    for marker in ("Failed to establish a new connection: ", "Failed to resolve "):
+        if marker in text:
+            return text.split(marker, 1)[1]
+    return text.split("): ", 1)[-1]
+
+
+def mount(session: Any, reach: Reach, hint: str) -> None:
+    """Send every request of ``session`` through a :class:`FastFailAdapter`."""
+    adapter = FastFailAdapter(reach, hint)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
