@@ -24,7 +24,6 @@ from atomic_ckpt import (
     CheckpointNotFoundError,
     InvalidStepError,
     Manifest,
-    ManifestError,
     RetentionPolicy,
     VerificationError,
 )
@@ -228,6 +227,7 @@ class RemoteCheckpointDir:
         *,
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
+        replace_unusable: bool = False,
     ) -> RemoteCommit:
         """Start a commit of ``step``: a handle whose ``path`` is a local staging directory.
 
@@ -238,6 +238,11 @@ class RemoteCheckpointDir:
         ``metadata`` may be a fetched checkpoint's (copying it to another root): the
         attempt it names under :data:`ATTEMPT_KEY` is the source's, and the commit
         names its own there instead. Any other value under that key is refused.
+
+        A step whose manifest holds a checkpoint this release must not lose is refused
+        (StepConflictError, before anything is uploaded): one a newer atomic_ckpt wrote,
+        or one copied there by hand from another step. ``replace_unusable=True``
+        replaces it knowingly (logged).
         """
         step = _check_step(step)
         meta = _protocol.carried_metadata(metadata or {})
@@ -250,8 +255,9 @@ class RemoteCheckpointDir:
         got = self._store.get(_protocol.manifest_key(name))
         old = None
         if got is not None:
-            with contextlib.suppress(ManifestError):
-                old = _protocol.parse(self._store.url_of(name), step, got[0])[1]
+            old = _protocol.replaced_attempt(
+                self._store.url_of(name), step, got[0], replace=replace_unusable
+            )
         return RemoteCommit(
             self, step, meta, None if got is None else got[1], retain, old_attempt=old
         )
@@ -263,6 +269,7 @@ class RemoteCheckpointDir:
         *,
         metadata: Mapping[str, Any] | None = None,
         retain: RetentionPolicy | None = None,
+        replace_unusable: bool = False,
     ) -> Iterator[Path]:
         """Stage a checkpoint of ``step`` locally and commit it to the store on a normal exit.
 
@@ -271,9 +278,11 @@ class RemoteCheckpointDir:
         the manifest written conditionally: the step then shows the new contents,
         atomically (replacing the contents it had when the block began). On an
         exception nothing is committed and the exception propagates. ``retain``
-        is applied once the commit has succeeded.
+        is applied once the commit has succeeded. ``replace_unusable``: as :meth:`begin`.
         """
-        with self.begin(step, metadata=metadata, retain=retain) as handle:
+        with self.begin(
+            step, metadata=metadata, retain=retain, replace_unusable=replace_unusable
+        ) as handle:
             yield handle.path
 
     def upload(

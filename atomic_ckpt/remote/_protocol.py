@@ -31,6 +31,7 @@ from atomic_ckpt import (
     FileEntry,
     Manifest,
     ManifestError,
+    NewerFormatError,
     StepConflictError,
     __version__,
     parse_step,
@@ -110,6 +111,35 @@ def parse(name: str, step: int, data: bytes) -> tuple[Manifest, str]:
     if not isinstance(attempt, str) or ATTEMPT_RE.fullmatch(attempt) is None:
         raise ManifestError(f"{name}: the manifest names no attempt ({ATTEMPT_KEY})")
     return manifest, attempt
+
+
+def replaced_attempt(name: str, step: int, data: bytes, *, replace: bool) -> str | None:
+    """The attempt a commit of ``step`` replaces, given the manifest ``data`` at ``name``.
+
+    A manifest this release must not lose is refused (StepConflictError) unless
+    ``replace``: one a newer atomic_ckpt wrote, or a complete checkpoint copied there by
+    hand from another step, as a local commit refuses them. Any other unreadable
+    manifest (empty, naming no attempt) holds nothing usable and is replaced, logged."""
+    try:
+        return parse(name, step, data)[1]
+    except NewerFormatError as exc:
+        what = f"a checkpoint a newer atomic_ckpt wrote: its manifest is {exc}"
+    except ManifestError as exc:
+        try:
+            recorded = Manifest.from_bytes(data)
+        except ManifestError:
+            recorded = None
+        if recorded is None or recorded.legacy or recorded.step == step:
+            log.warning("committing over %s, whose manifest cannot be used: %s", name, exc)
+            return None
+        what = f"a complete checkpoint copied there by hand: {exc}"
+    if not replace:
+        raise StepConflictError(
+            f"refusing to commit step {step} over {what}. Nothing was uploaded. Read it with "
+            "the release that wrote it, move it, or pass replace_unusable=True to replace it."
+        )
+    log.warning("committing over %s (replace_unusable=True): it held %s", name, what)
+    return None
 
 
 def missing(manifest: Manifest, listing: Mapping[str, ObjectInfo], prefix: str) -> list[str]:
