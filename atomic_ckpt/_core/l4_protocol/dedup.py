@@ -19,7 +19,8 @@ entry of the same path in the previous checkpoint's manifest:
 * the file is shared under a temporary name beside the staged one, by reflink (btrfs,
   xfs), else by hard link (ext4, tmpfs); a copy would save nothing, so where neither is
   possible the written file stays. The temporary name is then renamed over the staged
-  file; a reflink's new inode is fsynced, and every subdirectory that received a link is
+  file; the linked inode is fsynced (a reflink's new inode, or a hard link's raised link
+  count), and every subdirectory that received a link is
   fsynced before the marker (the staging directory itself is fsynced with the marker);
 * the manifest entry is the one computed (the same size and checksum), with the
   identity of the file now at that path.
@@ -154,8 +155,10 @@ def apply(root: Root, commit: Any, entries: list[FileEntry]) -> list[FileEntry]:
             if how is None:
                 continue
             try:
-                if how == "reflink":
-                    root.sync.file(tmp)  # a new inode: its (shared) extents, durably
+                # A reflink is a new inode (its shared extents); a hard link raised the
+                # source inode's link count, which a directory fsync does not write on
+                # every filesystem (ext4 without a journal, ext2): fsync it either way.
+                root.sync.file(tmp)
                 _fs.rename(tmp, target)
             except BaseException:
                 with contextlib.suppress(OSError):
