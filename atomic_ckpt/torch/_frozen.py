@@ -72,7 +72,7 @@ def save(
     publish still fsyncs them), then the frozen file carried or written."""
     with ckpts.begin(step, metadata=metadata, replace_unusable=replace_unusable) as commit:
         rest, frozen = split(model, constant)
-        threads = hash_threads(os.cpu_count())
+        threads = min(4, os.cpu_count() or 1)
         with ThreadPoolExecutor(threads, thread_name_prefix="atomic_ckpt-hash") as pool:
             hashes = _hash.digests(frozen, pool)
             meta = {FROZEN_KEY: FROZEN_FILE} if frozen else None
@@ -90,13 +90,6 @@ def save(
                     extra={"frozen_file": "none"},
                 )
     return commit.publish()
-
-
-def hash_threads(cores: int | None) -> int:
-    """How many threads hash the frozen tensors: every core but one (the one writing the
-    other files: on 2 cores two hashing threads took CPU from the write beside them,
-    while one hashes 604 MB in ~0.06 s, well inside that write), at least 1, at most 4."""
-    return max(1, min(4, (cores or 1) - 1))
 
 
 def check_options(

@@ -58,27 +58,3 @@ def test_a_carry_waits_without_making_or_removing_a_directory(
     assert [n for n in listed if n != MARKER] == ["model.pt", "new.bin", "tok"]
     ckpts.verify(2)
     ckpts.verify(1)
-
-
-def test_the_frozen_hash_leaves_one_core_to_the_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """save_state(carry_frozen=True) hashes on every core but one (at least one thread, at
-    most four): on 2 cores, two hashing threads took CPU from the model file's write."""
-    torch = pytest.importorskip("torch")
-    from atomic_ckpt.torch import _frozen, save_state
-
-    made: list[int] = []
-    real = _frozen.ThreadPoolExecutor
-
-    def pool(workers: int, **kwargs: object) -> object:
-        made.append(workers)
-        return real(workers, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_frozen, "ThreadPoolExecutor", pool)
-    monkeypatch.setattr(_frozen.os, "cpu_count", lambda: 2)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-    model[0].requires_grad_(False)
-    save_state(CheckpointDir(tmp_path / "r"), 1, model=model, carry_frozen=True)
-    assert made == [1]
-    assert [_frozen.hash_threads(n) for n in (None, 1, 2, 3, 8, 64)] == [1, 1, 1, 2, 4, 4]
