@@ -271,7 +271,7 @@ class _Recorder(_Mirror):
 
     def _place_hook(self, real: Callable[..., Any]) -> Callable[..., Any]:
         """Carried files reach their names inside the publish: what the save commits is
-        the tree once they are placed (the carrying area is gone by then)."""
+        the tree once they are placed (their private waiting names are gone by then)."""
 
         def place(staging: Path, *a: Any, **kw: Any) -> Any:
             result = real(staging, *a, **kw)

@@ -146,19 +146,13 @@ def _carry_ignores_inode() -> Iterator[None]:
     whatever its inode: a file replaced by another of the same size and time is carried
     with the old file's checksum."""
 
-    def one(staging: Path, source: Checkpoint, pin: int, entry: Any, made: list[Any]) -> Any:
-        target = staging / entry.path
-        if entry.type == "dir":
-            _fs.mkdir(target)
-            return None
-        if entry.type == "symlink":
-            _fs.symlink(entry.target or "", target)
-            return None
+    def one(target: Path, source: Checkpoint, pin: int, entry: Any, made: dict[str, Any]) -> Any:
         method, st = _share.share_file(pin, entry.path, target)
         if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
+            os.unlink(target)
             raise _carry._changed(source, entry, "it changed")
         bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
-        made.append((entry.path, (bare, identity(os.lstat(target)))))
+        made[entry.path] = (bare, identity(os.lstat(target)))
         return method
 
     with _patched(_carry, "_one", one):

@@ -214,17 +214,10 @@ def _carry_trusts_source() -> Iterator[None]:
     """A carry reuses the source's manifest entry without checking the file is still the
     one it describes (written in place since: the new checkpoint records a stale checksum)."""
 
-    def one(staging: Path, source: Any, pin: int, entry: Any, made: list[Any]) -> Any:
-        target = staging / entry.path
-        if entry.type == "dir":
-            _fs.mkdir(target)
-            return None
-        if entry.type == "symlink":
-            _fs.symlink(entry.target or "", target)
-            return None
+    def one(target: Path, source: Any, pin: int, entry: Any, made: dict[str, Any]) -> Any:
         method, _ = _share.share_file(pin, entry.path, target)
         bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
-        made.append((entry.path, (bare, identity(os.lstat(target)))))
+        made[entry.path] = (bare, identity(os.lstat(target)))
         return method
 
     with _patched(_carry, "_one", one):

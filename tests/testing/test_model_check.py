@@ -154,6 +154,17 @@ def test_each_review_defect_put_back_is_caught(name: str) -> None:
     assert check_sequence(ROOT[root], actions, models=models).ok
 
 
+@pytest.mark.parametrize("name", ["carry_trusts_changed_source", "carry_ignores_inode"])
+def test_a_carry_defect_is_caught_by_what_it_changes_not_by_crashing(name: str) -> None:
+    """The carry defects replace ``carry._one``: put back, the carry of a changed source
+    returns where the model expects VerificationError (a replacement out of step with the
+    real function's parameters crashed instead, and counted as caught)."""
+    root, seq = KILLED_BY[name]
+    with api_mutant(name):
+        broken = check_sequence(ROOT[root], tuple(by_name(a) for a in seq))
+    assert "returned, the model says VerificationError" in str(broken), str(broken)
+
+
 def test_every_api_mutant_has_a_sequence_that_catches_it() -> None:
     """No review defect is left without a sequence the check runs."""
     assert set(KILLED_BY) == set(API_MUTANTS) >= set(KILLED_UNDER)

@@ -153,14 +153,14 @@ def make_at(dir_fd: int, name: str, *, symlink: str | None = None) -> None:
         os.symlink(symlink, name, dir_fd=dir_fd)
 
 
-def move_at(src_fd: int, dst_fd: int, name: str) -> None:
-    """Rename ``name`` from the directory open as ``src_fd`` to the same name in the one
-    open as ``dst_fd`` (same filesystem); FileExistsError if the new name exists (checked
-    first: the callers hold a sealed commit, whose own block has ended)."""
+def move_at(src_fd: int, dst_fd: int, name: str, *, old: str | None = None) -> None:
+    """Rename ``old`` (default: ``name``) from the directory open as ``src_fd`` to ``name``
+    in the one open as ``dst_fd`` (same filesystem); FileExistsError if the new name
+    exists (checked first: the callers hold a sealed commit, whose own block has ended)."""
     with contextlib.suppress(FileNotFoundError):
         os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
-    os.rename(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    os.rename(name if old is None else old, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
 
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

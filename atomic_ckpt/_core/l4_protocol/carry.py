@@ -15,11 +15,14 @@ only once the source is known to be the file that entry describes:
   refused (:class:`~atomic_ckpt.VerificationError`) and nothing of it stays. A source
   without checksums cannot be verified and is refused.
 
-The shared files wait in the staging dir's :data:`CARRYING` area, never at their names
-while the block runs (a plain ``open(name, "wb")`` there would truncate the source through
-a hard link); :func:`place` renames them to their names at the publish, after the block's
-writes, through directory descriptors (never following a link): a name the block wrote
-keeps the block's file. Durability comes with the commit: its tree walk, after the
+The shared files wait at private names in the staging dir's top level (``CARRYING.<carry>.
+<file>``), never at their own names while the block runs (a plain ``open(name, "wb")`` there
+would truncate the source through a hard link); :func:`place` renames them to their names
+at the publish, after the block's writes, through directory descriptors (never following a
+link): a name the block wrote keeps the block's file. No directory is made for the waiting
+files, so none is removed at the publish (an ``rmdir`` frees a block: on a filesystem
+mounted with ``discard`` and no journal that is a synchronous discard, 3-20 ms).
+Durability comes with the commit: its tree walk, after the
 placement, fsyncs every file of the staging dir (a reflink's or copy's new data and
 metadata) and every directory (a hard link's new entry).
 At the publish a carried file still having the identity it had when carried is not hashed
@@ -66,10 +69,17 @@ Carried = dict[str, tuple[FileEntry, Identity]]
 _RANK: dict[Method, int] = {"reflink": 0, "hardlink": 1, "copy": 2}
 
 CARRYING = ".carrying.tmp-atomic_ckpt"
-"""The staging dir's area where carried files wait for the publish (one numbered slot per
-carry): never at their own names while the block runs, so nothing the block opens for
-writing there can reach a file shared with a committed checkpoint. Gone before the tree
-walk; removed with the staging dir on an abort."""
+"""The prefix of the private names in the staging dir's top level where carried files wait
+for the publish (``CARRYING.<carry>.<file>``, :func:`waiting_name`): never at their own
+names while the block runs, so nothing the block opens for writing there can reach a file
+shared with a committed checkpoint. Gone before the tree walk; removed with the staging
+dir on an abort."""
+
+
+def waiting_name(carry: int, file: int) -> str:
+    """The private name at which file ``file`` of the ``carry``-th carry of a commit waits
+    in the staging dir's top level for the publish."""
+    return f"{CARRYING}.{carry}.{file}"
 
 
 def relative(relpath: str | os.PathLike[str]) -> str:
@@ -126,11 +136,11 @@ def _pin(source: Checkpoint) -> int:
 
 @dataclasses.dataclass
 class Pending:
-    """One carry of an open commit, waiting in the staging dir's :data:`CARRYING` area
-    for the publish to put it at its name (see :func:`place`)."""
+    """One carry of an open commit, its files waiting at :func:`waiting_name` names in the
+    staging dir for the publish to put them at theirs (see :func:`place`)."""
 
     rel: str
-    slot: str
+    waiting: dict[str, str]  # entry path -> the name its file waits at
     entries: list[FileEntry]
     made: dict[str, tuple[FileEntry, Identity]]
     reuse: bool  # the source's algorithm is the root's: its entries are reused
@@ -143,8 +153,8 @@ def carry(
     relpath: str | os.PathLike[str],
     from_: int | str,
 ) -> Method:
-    """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`: share the files into a slot of
-    the staging dir's :data:`CARRYING` area and append the carry to ``pending`` (the
+    """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`: share the files into the
+    staging dir at their :func:`waiting_name` and append the carry to ``pending`` (the
     commit's); a refused carry leaves the staging dir as it was."""
     rel = relative(relpath)
     for other in pending:
@@ -168,37 +178,26 @@ def carry(
         )
     _check_free(staging, rel)
     pin = _pin(source)
-    area = staging / CARRYING
-    made_area = False
-    slot = area / str(len(pending))
+    number = len(pending)
+    waiting: dict[str, str] = {}
     made: dict[str, tuple[FileEntry, Identity]] = {}
     try:
-        try:
-            _fs.mkdir(area)
-            made_area = True
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(area).st_mode):  # never through a link
-                raise
-        _fs.mkdir(slot)
-        try:
-            for parent in reversed(Path(rel).parents[:-1]):
-                _fs.mkdir(slot / parent)
-            methods = [_one(slot, source, pin, entry, made) for entry in entries]
-        except BaseException:
-            with contextlib.suppress(OSError):
-                _fs.remove_tree(slot)
-            raise
+        methods = []
+        for entry in entries:
+            if entry.type == "file":
+                name = waiting_name(number, len(waiting))
+                methods.append(_one(staging / name, source, pin, entry, made))
+                waiting[entry.path] = name  # (a refused one left nothing there)
     except BaseException:
-        if made_area:
-            with contextlib.suppress(OSError):
-                os.rmdir(area)
+        for name in waiting.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging / name)
         raise
     finally:
         os.close(pin)
     same_algorithm = manifest.checksum is not None and manifest.checksum == root.checksum
-    pending.append(Pending(rel, slot.name, entries, made, same_algorithm))
-    files = [m for m in methods if m is not None]
-    return max(files, key=_RANK.__getitem__) if files else "copy"
+    pending.append(Pending(rel, waiting, entries, made, same_algorithm))
+    return max(methods, key=_RANK.__getitem__) if methods else "copy"
 
 
 def _check_free(staging: Path, rel: str) -> None:
@@ -236,7 +235,7 @@ def place(
 ) -> None:
     """At the publish, once the block's writes are done: put each pending carry's entries
     at their names in ``staging`` (open as ``staging_fd``) and record the placed files'
-    entries in ``carried``; then remove the :data:`CARRYING` area.
+    entries in ``carried``; the waiting names of files not placed are removed.
 
     A name the block wrote itself keeps the block's file (a directory merges with the
     carried one): the carried entry at it, and anything carried below it, is dropped
@@ -253,21 +252,17 @@ def place(
             path=staging,
         )
     assert staging_fd is not None  # an open commit's
-    area_fd = _share.open_dirs(staging_fd, [CARRYING])
-    try:
-        for p in pending:
-            slot_fd = _share.open_dirs(area_fd, [p.slot])
-            try:
-                _place(staging, staging_fd, slot_fd, p, carried)
-            finally:
-                os.close(slot_fd)
-    finally:
-        os.close(area_fd)
-    _fs.remove_tree(staging / CARRYING)
+    for p in pending:
+        try:
+            _place(staging, staging_fd, p, carried)
+        finally:
+            for name in p.waiting.values():  # those dropped (or left by a failure)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=staging_fd)
     pending.clear()
 
 
-def _place(staging: Path, staging_fd: int, slot_fd: int, p: Pending, carried: Carried) -> None:
+def _place(staging: Path, staging_fd: int, p: Pending, carried: Carried) -> None:
     dropped: list[str] = []
     for entry in p.entries:
         if any(entry.path.startswith(d + "/") for d in dropped):
@@ -300,11 +295,7 @@ def _place(staging: Path, staging_fd: int, slot_fd: int, p: Pending, carried: Ca
             elif entry.type == "symlink":
                 _share.make_at(dst, name, symlink=entry.target or "")
             else:
-                src = _share.open_dirs(slot_fd, parts[:-1])
-                try:
-                    _share.move_at(src, dst, name)
-                finally:
-                    os.close(src)
+                _share.move_at(staging_fd, dst, name, old=p.waiting.pop(entry.path))
                 if p.reuse:
                     carried[entry.path] = p.made[entry.path]
         finally:
@@ -322,24 +313,35 @@ def _first_not_a_dir(staging: Path, parts: list[str]) -> NotADirectoryError:
 
 
 def _one(
-    slot: Path,
+    target: Path,
     source: Checkpoint,
     pin: int,
     entry: FileEntry,
     made: dict[str, tuple[FileEntry, Identity]],
-) -> Method | None:
-    """Share one entry of ``source`` into ``slot``; the method for a file, None else."""
-    target = slot / entry.path
-    if entry.type == "dir":
-        _fs.mkdir(target)
-        return None
-    if entry.type == "symlink":
-        _fs.symlink(entry.target or "", target)
-        return None
+) -> Method:
+    """Share the file ``entry`` of ``source`` as ``target`` (nothing left there if it is
+    refused); the method."""
     try:
         method, st = _share.share_file(pin, entry.path, target)
     except OSError as exc:
         raise _changed(source, entry, f"it cannot be opened as a regular file ({exc})") from exc
+    try:
+        now = _check_source(target, source, pin, entry, st)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+        raise
+    # The entry, with no identity of its own (the walk records the carrier's).
+    made[entry.path] = (dataclasses.replace(entry, ino=None, mtime_ns=None), now)
+    return method
+
+
+def _check_source(
+    target: Path, source: Checkpoint, pin: int, entry: FileEntry, st: os.stat_result
+) -> Identity:
+    """VerificationError unless the file shared as ``target`` (the source's stat ``st``)
+    is the one ``entry`` describes: the same identity as at its commit, else the same
+    bytes; the identity of ``target`` (what the publish checks it still has)."""
     algorithm = source.manifest.checksum
     committed = (
         entry.ino is not None
@@ -356,10 +358,7 @@ def _one(
             os.lstat(target)
         ) != identity(now):
             raise _changed(source, entry, "its checksum differs")
-    # The entry, with no identity of its own (the walk records the carrier's).
-    bare = dataclasses.replace(entry, ino=None, mtime_ns=None)
-    made[entry.path] = (bare, identity(now))
-    return method
+    return identity(now)
 
 
 def _changed(source: Checkpoint, entry: FileEntry, why: str) -> VerificationError:
