@@ -23,8 +23,11 @@ while not began:
     time.sleep(0.0001)
 deadline = time.monotonic() + 10
 while t.is_alive() and time.monotonic() < deadline:  # until the copy runs in the kernel
-    with open(f"/proc/self/task/{began[0]}/syscall") as f:
-        if f.read().split()[0] == "326":  # copy_file_range on x86_64
-            break
+    try:
+        with open(f"/proc/self/task/{began[0]}/syscall") as f:
+            if f.read().split()[0] == "326":  # copy_file_range on x86_64
+                break
+    except OSError:  # the thread ended meanwhile: the copy is done (DONE beside a new w)
+        break
 os.rename("ckpts/DONE", "ckpts/DONE.old")
 t.join()
