@@ -7,11 +7,15 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from _audit_scripts import needs_strace, script
 
 from atomic_ckpt.testing import audit
 
-pytestmark = needs_strace
+# The slow tier (docs/contributing.md): hundreds of forked checks from a worker that has
+# imported torch cost minutes there; the carry simulation of the main run
+# (tests/testing/test_carry_simulation.py) covers the same crash states of a carry in kind.
+pytestmark = [needs_strace, pytest.mark.slow]
 
 FROZEN = "bytes(range(256)) * 16"
 
