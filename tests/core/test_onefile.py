@@ -723,3 +723,43 @@ def test_a_directory_another_program_flocks_does_not_hang_the_writes_in_it(
     assert (tmp_path / "notes.txt").read_bytes() == b"done"
     assert done.stderr.count("locked exclusively (flock) by another program") == 1
     assert str(tmp_path) in done.stderr
+
+
+def test_where_directories_cannot_be_flocked_every_write_still_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem whose ``flock`` fails on a directory for every operation (ENOSYS:
+    Lustre mounted without ``flock``; ENOLCK): writes there go ahead without the directory
+    lock, as documented, instead of raising from the unlock of a lock never taken (after
+    the file was committed), and ``clean_temporaries`` cleans without it."""
+    import fcntl
+    import stat
+
+    from atomic_ckpt._core.l2_syscalls import locks as _locks
+
+    real = fcntl.flock
+    refused: list[int] = []
+
+    def flock(fd: int, operation: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            refused.append(operation)
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        real(fd, operation)
+
+    monkeypatch.setattr(_locks.fcntl, "flock", flock)
+    orphan = tmp_path / _onefile.temp_name("killed.bin")
+    orphan.write_bytes(b"half")
+    with atomic_write(tmp_path / "a.bin") as tmp:
+        tmp.write_bytes(b"a")
+    write_bytes_atomic(tmp_path / "b.bin", b"b")
+    replace_symlink("a.bin", tmp_path / "last")
+    staging = tmp_path / _onefile.temp_name("sharded")
+    staging.mkdir()
+    (staging / "shard").write_bytes(b"s")
+    commit_directory(staging, tmp_path / "sharded")
+    assert refused, "no flock of a directory was refused"
+    assert (tmp_path / "a.bin").read_bytes() == b"a"
+    assert (tmp_path / "b.bin").read_bytes() == b"b"
+    assert os.readlink(tmp_path / "last") == "a.bin"
+    assert (tmp_path / "sharded" / "shard").read_bytes() == b"s"
+    assert clean_temporaries(tmp_path) == [orphan]

@@ -196,19 +196,23 @@ def writing_in(directory: Path) -> Iterator[None]:
     except OSError:
         fd = -1
     pid = os.getpid()
+    held = False
     try:
         if fd >= 0:
             # Where it cannot be locked (some network filesystems), nothing is held.
             with contextlib.suppress(OSError):
-                _share(fd, directory)
+                held = _share(fd, directory)
         yield
     finally:
-        if fd >= 0:
+        if held:
             _unlock(fd, pid)
+        elif fd >= 0:  # no lock to drop: where flock fails, LOCK_UN fails as well
+            os.close(fd)
 
 
-def _share(fd: int, directory: Path) -> None:
-    """Take the shared flock on ``fd``, never waiting forever (see :func:`writing_in`).
+def _share(fd: int, directory: Path) -> bool:
+    """Take the shared flock on ``fd``, never waiting forever (see :func:`writing_in`);
+    False when it went ahead without it.
 
     Going ahead without it is safe against a clean in progress: a clean removes only what
     it listed just after taking its lock, before this write's temporary existed."""
@@ -220,7 +224,7 @@ def _share(fd: int, directory: Path) -> None:
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return
+            return True
         except OSError as exc:
             if exc.errno not in _BUSY:
                 raise
@@ -239,6 +243,7 @@ def _share(fd: int, directory: Path) -> None:
             _FOREIGN_WAIT,
             directory,
         )
+    return False
 
 
 def lock_directory(directory: Path) -> Lock | None:
