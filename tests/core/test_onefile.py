@@ -681,3 +681,85 @@ def test_clean_temporaries_never_removes_a_write_in_progress_in_another_process(
     assert child.returncode == 0
     assert (tmp_path / "live.bin").read_bytes() == b"first half, second half"
     assert clean_temporaries(tmp_path) == [orphan]
+
+
+def test_a_directory_another_program_flocks_does_not_hang_the_writes_in_it(
+    tmp_path: Path,
+) -> None:
+    """``flock ckpts/ python train.py`` (one training per directory, the shell idiom) holds
+    an exclusive flock on the directory itself for the whole run: every write there still
+    completes, whole, after a bounded wait for the lock (it hung forever on the first
+    save), with one warning that names the directory and says writes go ahead without
+    atomic_ckpt's lock."""
+    import fcntl
+
+    script = (
+        "import sys\n"
+        "from atomic_ckpt._core.l2_syscalls import locks\n"
+        "locks._FOREIGN_WAIT = 0.2  # (the default waits longer than any clean holds it)\n"
+        "from atomic_ckpt import atomic_write, write_bytes_atomic\n"
+        "for n in range(3):\n"
+        "    with atomic_write(sys.argv[1] + '/last.ckpt') as tmp:\n"
+        "        tmp.write_bytes(b'save %d' % n)\n"
+        "write_bytes_atomic(sys.argv[1] + '/notes.txt', b'done')\n"
+    )
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what `flock -n dir cmd` takes
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", script, str(tmp_path)],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=120,  # a hang detector only: the writes take well under a second
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("a write into a directory another program flocks hung")
+    finally:
+        os.close(fd)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "last.ckpt").read_bytes() == b"save 2"
+    assert (tmp_path / "notes.txt").read_bytes() == b"done"
+    assert done.stderr.count("locked exclusively (flock) by another program") == 1
+    assert str(tmp_path) in done.stderr
+
+
+def test_where_directories_cannot_be_flocked_every_write_still_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem whose ``flock`` fails on a directory for every operation (ENOSYS:
+    Lustre mounted without ``flock``; ENOLCK): writes there go ahead without the directory
+    lock, as documented, instead of raising from the unlock of a lock never taken (after
+    the file was committed), and ``clean_temporaries`` cleans without it."""
+    import fcntl
+    import stat
+
+    from atomic_ckpt._core.l2_syscalls import locks as _locks
+
+    real = fcntl.flock
+    refused: list[int] = []
+
+    def flock(fd: int, operation: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            refused.append(operation)
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        real(fd, operation)
+
+    monkeypatch.setattr(_locks.fcntl, "flock", flock)
+    orphan = tmp_path / _onefile.temp_name("killed.bin")
+    orphan.write_bytes(b"half")
+    with atomic_write(tmp_path / "a.bin") as tmp:
+        tmp.write_bytes(b"a")
+    write_bytes_atomic(tmp_path / "b.bin", b"b")
+    replace_symlink("a.bin", tmp_path / "last")
+    staging = tmp_path / _onefile.temp_name("sharded")
+    staging.mkdir()
+    (staging / "shard").write_bytes(b"s")
+    commit_directory(staging, tmp_path / "sharded")
+    assert refused, "no flock of a directory was refused"
+    assert (tmp_path / "a.bin").read_bytes() == b"a"
+    assert (tmp_path / "b.bin").read_bytes() == b"b"
+    assert os.readlink(tmp_path / "last") == "a.bin"
+    assert (tmp_path / "sharded" / "shard").read_bytes() == b"s"
+    assert clean_temporaries(tmp_path) == [orphan]

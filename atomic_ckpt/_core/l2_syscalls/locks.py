@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -42,6 +43,8 @@ _FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _BUSY = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES})
 _POLL = (0.001, 0.05)
 """First and longest sleep between tries of a contended lock (seconds)."""
+
+log = logging.getLogger(__name__)
 
 
 class Lock:
@@ -171,6 +174,12 @@ def is_held(path: Path) -> bool:
 
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
+_FOREIGN_WAIT = 10.0
+"""How long (seconds) :func:`writing_in` waits for an exclusive flock on its directory to
+go before it writes without its own: longer than a clean holds it, unless it is someone
+else's (``flock ckpts/ python train.py``), which would otherwise hang every save."""
+_foreign: set[tuple[int, int]] = set()
+"""The directories (device, inode) found locked by someone else: no more waits there."""
 
 
 @contextlib.contextmanager
@@ -178,21 +187,63 @@ def writing_in(directory: Path) -> Iterator[None]:
     """Hold a shared flock on ``directory`` itself while a one-file write's temporary
     lives in it, so that :func:`lock_directory` (what ``clean_temporaries`` takes before it
     removes anything) sees a live write, in any process or thread. Waits while a clean
-    runs. Best effort: where a directory cannot be opened or flocked, nothing is held."""
+    runs, up to :data:`_FOREIGN_WAIT` seconds: an exclusive flock held longer is another
+    program's (``flock(1)`` on the directory), and the write goes ahead without the lock,
+    with a warning, as it did before this lock existed. Best effort: where a directory
+    cannot be opened or flocked, nothing is held."""
     try:
         fd = os.open(directory, _DIR_FLAGS)
     except OSError:
         fd = -1
     pid = os.getpid()
+    held = False
     try:
         if fd >= 0:
             # Where it cannot be locked (some network filesystems), nothing is held.
             with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                held = _share(fd, directory)
         yield
     finally:
-        if fd >= 0:
+        if held:
             _unlock(fd, pid)
+        elif fd >= 0:  # no lock to drop: where flock fails, LOCK_UN fails as well
+            os.close(fd)
+
+
+def _share(fd: int, directory: Path) -> bool:
+    """Take the shared flock on ``fd``, never waiting forever (see :func:`writing_in`);
+    False when it went ahead without it.
+
+    Going ahead without it is safe against a clean in progress: a clean removes only what
+    it listed just after taking its lock, before this write's temporary existed."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    # Where another program's lock was seen, only long enough for a clean to list.
+    deadline = time.monotonic() + (_POLL[1] * 2 if key in _foreign else _FOREIGN_WAIT)
+    pause = _POLL[0]
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in _BUSY:
+                raise
+        if time.monotonic() + pause > deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL[1])
+    if key not in _foreign:
+        _foreign.add(key)
+        log.warning(
+            "%s has been locked exclusively (flock) by another program for over %g s (a "
+            "`flock %s <command>`?): writing there without atomic_ckpt's directory lock, so "
+            "clean_temporaries elsewhere could remove a write in progress; have that "
+            "program lock a file, not the directory",
+            directory,
+            _FOREIGN_WAIT,
+            directory,
+        )
+    return False
 
 
 def lock_directory(directory: Path) -> Lock | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_name
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls import locks as _locks
 
 log = logging.getLogger("atomic_ckpt.integrations.lightning")
 
@@ -32,26 +33,29 @@ def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
                 raise
             _copy_instead(target, path, exc, durable=durable)
         return
-    tmp = path.parent / temp_name(path.name)
-    try:
-        _fs.symlink(target, tmp)
-    except OSError as exc:
-        if not _symlinks_refused(exc, path.parent):
-            raise
-        if not (path.parent / target).is_dir():  # (a directory is refused by the copy)
-            remove_directory(path, durable=durable)  # then the copy, as the stock callback does
-        _copy_instead(target, path, exc, durable=durable)
-        return
-    try:
-        _fs.rename_exchange(tmp, path)
-    except OSError as exc:
-        _fs.unlink(tmp)
-        if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
-            raise
-        remove_directory(path, durable=durable)
-        replace_symlink(target, linkpath, durable=durable)
-        return
-    remove_directory(tmp, durable=durable)  # the old directory; the parent fsynced too
+    # The new link, then the old directory, under a temporary name: a write in progress
+    # to clean_temporaries (another fit's setup), which leaves the directory alone.
+    with _locks.writing_in(path.parent):
+        tmp = path.parent / temp_name(path.name)
+        try:
+            _fs.symlink(target, tmp)
+        except OSError as exc:
+            if not _symlinks_refused(exc, path.parent):
+                raise
+            if not (path.parent / target).is_dir():  # (a directory is refused by the copy)
+                remove_directory(path, durable=durable)  # then the copy, as the stock callback does
+            _copy_instead(target, path, exc, durable=durable)
+            return
+        try:
+            _fs.rename_exchange(tmp, path)
+        except OSError as exc:
+            _fs.unlink(tmp)
+            if exc.errno not in _fs.EXCHANGE_UNSUPPORTED:
+                raise
+            remove_directory(path, durable=durable)
+            replace_symlink(target, linkpath, durable=durable)
+            return
+        remove_directory(tmp, durable=durable)  # the old directory; the parent fsynced too
 
 
 _SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, None})

@@ -36,10 +36,15 @@ def _final_save(output_dir: str, *, durable: bool, collective: bool = True) -> I
     Every file stays in the staging directory, which its lock marks as a live save, until
     the rename that puts it in place: a kill at any point leaves nothing outside it, and
     the next start's ``clean()`` removes it (an ``atomic_write`` beside each target left a
-    ``.<name>.tmp-<hex>`` no clean could tell from another process's live write)."""
+    ``.<name>.tmp-<hex>`` no clean could tell from another process's live write); so does
+    the next final save into the same directory, which need not be ``output_dir``."""
     handle = None
     if _rank() == 0:
-        handle = _checkpoints(output_dir, durable=durable).begin_named(FINAL_STAGING)
+        ckpts = _checkpoints(output_dir, durable=durable)
+        # What a killed final save left here first: a train() start cleans only
+        # args.output_dir, never the directory of save_model(output_dir=...).
+        _clean(ckpts)
+        handle = ckpts.begin_named(FINAL_STAGING)
     staging = [str(handle.path) if handle is not None else ""]
     if collective and _distributed():
         dist.broadcast_object_list(staging, src=0)

@@ -151,3 +151,34 @@ def test_a_sharded_save_in_progress_survives_a_clean_of_its_directory(tmp_path: 
     Strategy().save_checkpoint({}, str(root / "epoch=0.ckpt"))
     assert cleaned == [[]], "the clean removed the staging directory in progress"
     assert sorted(os.listdir(root / "epoch=0.ckpt")) == [".metadata", "__0_0.distcp"]
+
+
+def test_a_clean_while_last_directory_becomes_a_link_leaves_the_new_link_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``last.ckpt/`` a directory (a sharded ``save_last=True`` copy) replaced by the
+    ``last`` link: the new link is made under a temporary name and exchanged with the
+    directory. A clean of the directory in between (another fit's setup) removes nothing
+    (it removed the new link, and the save failed with ``FileNotFoundError``); ``last`` is
+    then the link."""
+    from atomic_ckpt import clean_temporaries
+    from atomic_ckpt.integrations.lightning import _links
+
+    root = tmp_path / "ckpts"
+    (root / "last.ckpt").mkdir(parents=True)
+    (root / "last.ckpt" / "__0_0.distcp").write_bytes(b"old shard")
+    (root / "epoch=1.ckpt").mkdir()
+    (root / "epoch=1.ckpt" / "__0_0.distcp").write_bytes(b"new shard")
+    cleaned: list[list[Path]] = []
+    real = _links._fs.rename_exchange
+
+    def exchange(a: Path, b: Path) -> None:
+        cleaned.append(clean_temporaries(root))  # another fit starts meanwhile
+        real(a, b)
+
+    monkeypatch.setattr(_links._fs, "rename_exchange", exchange)
+    _links._replace_link("epoch=1.ckpt", str(root / "last.ckpt"), durable=True)
+    assert len(cleaned) == 1, "the exchange was not reached"
+    assert cleaned == [[]], "the clean removed the link in progress"
+    assert os.readlink(root / "last.ckpt") == "epoch=1.ckpt"
+    assert sorted(os.listdir(root)) == ["epoch=1.ckpt", "last.ckpt"]

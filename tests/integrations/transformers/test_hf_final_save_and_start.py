@@ -321,3 +321,25 @@ def test_a_final_save_killed_before_a_rename_leaves_nothing_the_next_start_keeps
         make_trainer(out, max_steps=1, save_steps=10).train()
     assert [n for n in os.listdir(out) if TMP_INFIX in n and "root.lock" not in n] == []
     assert "left by a killed save" in caplog.text
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3])
+def test_a_killed_save_model_into_another_directory_is_cleaned_by_the_next_save_there(
+    tmp_path: Path, kill_at: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``save_model("final")``, a directory that is not ``output_dir`` (where no start ever
+    cleans), killed before its ``kill_at``-th rename: the next ``save_model("final")``
+    removes the killed one's staging directory (a whole model at real scale, kept forever
+    before) with a warning, and leaves every file whole: the model loads."""
+    out, final = tmp_path / "out", tmp_path / "final"
+    trainer = make_trainer(out, max_steps=1, save_steps=10)
+    trainer.train()
+    assert killed_in_child(lambda: trainer.save_model(str(final)), kill_at) == kill_at
+    assert [n for n in os.listdir(final) if TMP_INFIX in n], "the kill left nothing"
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trainer.save_model(str(final))
+    assert [n for n in os.listdir(final) if TMP_INFIX in n and "root.lock" not in n] == []
+    assert "left by a killed save" in caplog.text
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(final)
+    for name, tensor in trainer.model.state_dict().items():
+        assert loaded.state_dict()[name].equal(tensor), name
