@@ -29,6 +29,9 @@ _urllib3_exc: Any = importlib.import_module("urllib3.exceptions")
 _Retry: Any = importlib.import_module("urllib3.util.retry").Retry
 
 OPTIONS = ("connection_timeout", "read_timeout", "connect_retries")
+_LONGEST = float(1 << 31)
+"""The longest timeout taken, in seconds (68 years): a socket cannot wait past ~9e9 s
+(every request would fail with an OverflowError), nor forever (inf)."""
 """The storage_options read here (for gs:// and az:// alike)."""
 
 
@@ -51,9 +54,14 @@ class Reach:
             value = options.get(name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value <= _LONGEST  # nan and inf too
+            ):
                 raise ValueError(
-                    f"{url}: storage_options {name} must be seconds > 0, not {value!r}"
+                    f"{url}: storage_options {name} must be seconds > 0 (finite, at most "
+                    f"{_LONGEST:.0f}), not {value!r}"
                 )
             got[name] = float(value)
         retries = options.get("connect_retries")

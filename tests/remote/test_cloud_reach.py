@@ -8,6 +8,7 @@ a root takes, before any request; a misconfigured option or credential names the
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -107,7 +108,8 @@ def test_connection_timeout_and_connect_retries_are_storage_options(
 ) -> None:
     """connect_retries=0: one connection try and no sleep; connection_timeout bounds each
     connection; read_timeout is accepted; each refused with a ValueError naming it when
-    it is no positive number (connect_retries: an int >= 0)."""
+    it is no positive number (connect_retries: an int >= 0), or not a finite one that a
+    socket can wait (inf and 1e300 failed every request with a bare OverflowError)."""
     _need(scheme)
     tries = _Connects(monkeypatch)
     options = _dead_options(
@@ -124,6 +126,9 @@ def test_connection_timeout_and_connect_retries_are_storage_options(
         ("connect_retries", -1),
         ("connect_retries", 1.5),
         ("connection_timeout", "5"),
+        ("connection_timeout", math.inf),
+        ("read_timeout", 1e300),
+        ("read_timeout", math.nan),
     ]:
         with pytest.raises(ValueError, match=name):
             RemoteCheckpointDir(
@@ -161,6 +166,9 @@ def test_a_dead_endpoint_in_the_cli_exits_2_in_one_line(
         ("abfs:///run", "abfs://CONTAINER/PREFIX"),
         ("az://Bad_C/run", "az://CONTAINER/PREFIX"),
         ("az://a--b/run", "az://CONTAINER/PREFIX"),
+        ("az://" + "a-" * 32 + "a/run", "az://CONTAINER/PREFIX"),  # 65 characters
+        ("gs://" + "a" * 64 + ".b/run", "gs://BUCKET/PREFIX"),  # a dotted part over 63
+        ("gs://a..b/run", "gs://BUCKET/PREFIX"),
         ("az://container@/run", "az://CONTAINER/PREFIX"),
         ("az://container/a//b", "az://CONTAINER/PREFIX"),
         ("s3:///run", "s3://BUCKET/PREFIX"),
@@ -184,7 +192,19 @@ def test_a_root_that_names_no_valid_bucket_is_a_value_error_naming_the_form(
 
 @pytest.mark.parametrize(
     "url",
-    ["gs://bucket", "gs://bucket/", "gs://bucket/run/", "gs://my.bucket_1-x/a/b", "az://$root/r"],
+    [
+        "gs://bucket",
+        "gs://bucket/",
+        "gs://bucket/run/",
+        "gs://my.bucket_1-x/a/b",
+        "gs://abc/r",
+        "gs://" + "a" * 63,
+        "gs://" + ".".join(["a" * 63] * 3) + "/r",
+        "gs://bucket/ünï côde/r",
+        "az://$root/r",
+        "az://" + "a-" * 31 + "a/r",  # 63 characters
+        "az://abc/ü",
+    ],
 )
 def test_a_valid_root_opens_whatever_its_trailing_slash(url: str) -> None:
     """A bucket alone, with a trailing slash, a nested prefix, dots and underscores (GCS),
