@@ -3,8 +3,10 @@ settings read from ``storage_options``, and :class:`FastFailAdapter`, the reques
 transport both clients' requests go through.
 
 A request that cannot even connect (refused, unresolvable host, no answer to the
-connection within ``connection_timeout``) was never sent, so trying it again is safe;
-the adapter tries it ``connect_retries`` more times, 0.5 s, 1 s, 2 s... apart, then
+connection within ``connection_timeout``, which bounds making the connection only:
+sending a request and reading its answer wait the read timeout) was never sent, so
+trying it again is safe; the adapter tries it ``connect_retries`` more times, 0.5 s,
+1 s, 2 s... apart, then
 raises :class:`EndpointUnreachable`, which neither client retries (each would keep
 trying for a minute or two: a wrong endpoint took 72-120 s to fail) and which the store
 reports as a ``ConnectionError`` naming the endpoint and what to check. Everything
@@ -15,6 +17,7 @@ own retries, which the conditional writes make safe.
 from __future__ import annotations
 
 import importlib
+import socket
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,8 @@ _requests: Any = importlib.import_module("requests")
 _adapters: Any = importlib.import_module("requests.adapters")
 _urllib3_exc: Any = importlib.import_module("urllib3.exceptions")
 _Retry: Any = importlib.import_module("urllib3.util.retry").Retry
+_pools: Any = importlib.import_module("urllib3.connectionpool")
+_DEFAULT_TIMEOUT: Any = importlib.import_module("urllib3.util.timeout")._DEFAULT_TIMEOUT
 
 OPTIONS = ("connection_timeout", "read_timeout", "connect_retries")
 _LONGEST = float(1 << 31)
@@ -107,18 +112,35 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             backoff_factor=0.5,
             raise_on_status=False,
         )
-        super().__init__(pool_maxsize=64, max_retries=retry)
         self.reach = reach
         self.hint = hint
+        self.pools = {
+            scheme: _fast_connecting(pool, reach.connection_timeout)
+            for scheme, pool in (
+                ("http", _pools.HTTPConnectionPool),
+                ("https", _pools.HTTPSConnectionPool),
+            )
+        }
+        super().__init__(pool_maxsize=64, max_retries=retry)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = self.pools
+
+    def proxy_manager_for(self, *args: Any, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(*args, **kwargs)
+        manager.pool_classes_by_scheme = self.pools
+        return manager
 
     def send(self, request: Any, *args: Any, timeout: Any = None, **kwargs: Any) -> Any:
         read = self.reach.read_timeout
         if read is None:
             read = timeout[1] if isinstance(timeout, tuple) else timeout
         try:
-            return super().send(
-                request, *args, timeout=(self.reach.connection_timeout, read), **kwargs
-            )
+            # urllib3 sends the request under its "connect" timeout and waits for the
+            # answer under the read one: both are the read timeout here, the connection
+            # alone is bounded by connection_timeout (_fast_connecting).
+            return super().send(request, *args, timeout=(read, read), **kwargs)
         except _requests.ConnectionError as exc:
             reason = getattr(exc.args[0] if exc.args else None, "reason", None)
             if not isinstance(reason, _urllib3_exc.ConnectTimeoutError):  # refused, DNS, timeout
@@ -131,6 +153,28 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
                 f"each at most): {self.hint}; storage_options connection_timeout and "
                 "connect_retries bound how long this takes"
             ) from exc
+
+
+def _fast_connecting(pool: Any, limit: float) -> Any:
+    """``pool`` (a urllib3 connection pool class) whose connections wait at most ``limit``
+    seconds for the connection to be made, and then the request's timeout for sending
+    (urllib3 uses one timeout for both: a large body stalled past ``limit`` was cut off)."""
+    base = pool.ConnectionCls
+
+    def _new_conn(self: Any) -> Any:
+        sending = self.timeout
+        if sending is _DEFAULT_TIMEOUT:
+            sending = socket.getdefaulttimeout()
+        self.timeout = limit if sending is None else min(limit, sending)
+        try:
+            sock = base._new_conn(self)
+        finally:
+            self.timeout = sending
+        sock.settimeout(sending)
+        return sock
+
+    connection = type(f"FastConnecting{base.__name__}", (base,), {"_new_conn": _new_conn})
+    return type(f"FastConnecting{pool.__name__}", (pool,), {"ConnectionCls": connection})
 
 
 def _why(reason: Any) -> str:

@@ -278,3 +278,63 @@ def test_a_bucket_name_is_checked_against_the_emulators_too(
             f"{server.scheme}://{server.new_bucket()}/", storage_options=server.options()
         )
         assert rdir.steps() == []
+
+
+class _LateReader:
+    """A server that, for each connection, reads the request's headers, waits ``pause``
+    seconds before reading its body (a server busy, a link stalled: the client's send
+    blocks once the buffers are full), then answers 200. ``requests`` counts the bodies
+    it read whole."""
+
+    def __init__(self, pause: float) -> None:
+        import socket
+
+        self.pause, self.requests = pause, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: Any) -> None:
+        with conn, conn.makefile("rb") as f:
+            length = 0
+            while (line := f.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            time.sleep(self.pause)
+            if len(f.read(length)) == length:
+                self.requests += 1
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_body_the_server_reads_late_is_sent_once_within_the_read_timeout(
+    scheme: str,
+) -> None:
+    """connection_timeout bounds making a connection, not sending a request: a 32 MiB body
+    the server starts reading only after 2.5 s (past connection_timeout=1, within the
+    read timeout) is sent once and answered. It was cut off at connection_timeout (the
+    body went under urllib3's connect timeout), so a large upload over a link stalled
+    for 5 s (the default) was sent again, or failed."""
+    _need(scheme)
+    server = _LateReader(pause=2.5)
+    try:
+        options = _dead_options(scheme, server.endpoint, connection_timeout=1, read_timeout=30)
+        store = RemoteCheckpointDir(f"{scheme}://bucket/run", storage_options=options)._store
+        answer = store.session.put(  # type: ignore[attr-defined]
+            f"{server.endpoint}/bucket/object", data=b"x" * (32 << 20), timeout=60
+        )
+        assert answer.status_code == 200
+        assert server.requests == 1
+    finally:
+        server.stop()
