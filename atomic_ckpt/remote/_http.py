@@ -31,7 +31,6 @@ _adapters: Any = importlib.import_module("requests.adapters")
 _urllib3_exc: Any = importlib.import_module("urllib3.exceptions")
 _Retry: Any = importlib.import_module("urllib3.util.retry").Retry
 _pools: Any = importlib.import_module("urllib3.connectionpool")
-_DEFAULT_TIMEOUT: Any = importlib.import_module("urllib3.util.timeout")._DEFAULT_TIMEOUT
 
 OPTIONS = ("connection_timeout", "read_timeout", "connect_retries")
 _LONGEST = float(1 << 31)
@@ -163,8 +162,8 @@ def _fast_connecting(pool: Any, limit: float) -> Any:
 
     def _new_conn(self: Any) -> Any:
         sending = self.timeout
-        if sending is _DEFAULT_TIMEOUT:
-            sending = socket.getdefaulttimeout()
+        if sending is not None and not isinstance(sending, int | float):
+            sending = socket.getdefaulttimeout()  # urllib3's "default" (1.26 and 2.x differ)
         self.timeout = limit if sending is None else min(limit, sending)
         try:
             sock = base._new_conn(self)
