@@ -142,9 +142,13 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             return super().send(request, *args, timeout=(read, read), **kwargs)
         except _requests.ConnectionError as exc:
             reason = getattr(exc.args[0] if exc.args else None, "reason", None)
+            endpoint = endpoint_of(str(request.url))
+            if isinstance(reason, _urllib3_exc.ProxyError):  # the proxy's connection
+                reason = reason.original_error
+                proxy = _proxy_of(kwargs.get("proxies"), endpoint)
+                endpoint = f"the proxy {proxy} (HTTP(S)_PROXY, for {endpoint})"
             if not isinstance(reason, _urllib3_exc.ConnectTimeoutError):  # refused, DNS, timeout
                 raise
-            endpoint = endpoint_of(str(request.url))
             tries = self.reach.connect_retries + 1
             raise EndpointUnreachable(
                 f"cannot connect to {endpoint} ({_why(reason)}; {tries} "
@@ -174,6 +178,13 @@ def _fast_connecting(pool: Any, limit: float) -> Any:
 
     connection = type(f"FastConnecting{base.__name__}", (base,), {"_new_conn": _new_conn})
     return type(f"FastConnecting{pool.__name__}", (pool,), {"ConnectionCls": connection})
+
+
+def _proxy_of(proxies: Any, endpoint: str) -> str:
+    """The proxy requests chose for ``endpoint`` (its URL without credentials)."""
+    chosen = _requests.utils.select_proxy(endpoint, proxies or {}) or "?"
+    parts = urllib.parse.urlsplit(chosen)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
 
 
 def _why(reason: Any) -> str:

@@ -338,3 +338,31 @@ def test_a_body_the_server_reads_late_is_sent_once_within_the_read_timeout(
         assert server.requests == 1
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_proxy_nothing_answers_on_fails_as_fast_naming_it(
+    scheme: str, dead_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP(S)_PROXY naming a port nothing listens on: nothing was sent, so it is the same
+    bounded ConnectionError as a dead endpoint, naming the proxy (it was requests'
+    ProxyError, which the clients retried for a minute or two: GCS 120 s)."""
+    _need(scheme)
+    proxy = f"http://127.0.0.1:{free_port()}"
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    options = _dead_options(scheme, dead_endpoint, connect_retries=0)
+    if scheme == "az":  # the SDK's retries would take a minute before the fix
+        from azure.storage.blob import LinearRetry
+
+        options["client_kwargs"] = {
+            "retry_policy": LinearRetry(backoff=0.05, random_jitter_range=0, retry_total=2)
+        }
+    rdir = RemoteCheckpointDir(f"{scheme}://bucket/run", storage_options=options)
+    if scheme == "gs":
+        rdir._store.retry = rdir._store.retry.with_timeout(2)  # type: ignore[attr-defined]
+    with pytest.raises(ConnectionError, match="proxy") as caught:
+        rdir.steps()
+    assert proxy in str(caught.value), caught.value
