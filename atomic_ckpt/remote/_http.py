@@ -6,10 +6,12 @@ A request that cannot even connect (refused, unresolvable host, no answer to the
 connection within ``connection_timeout``, which bounds making the connection only:
 sending a request and reading its answer wait the read timeout) was never sent, so
 trying it again is safe; the adapter tries it ``connect_retries`` more times, 0.5 s,
-1 s, 2 s... apart, then
-raises :class:`EndpointUnreachable`, which neither client retries (each would keep
-trying for a minute or two: a wrong endpoint took 72-120 s to fail) and which the store
-reports as a ``ConnectionError`` naming the endpoint and what to check. Everything
+1 s, 2 s... apart, then, if the endpoint has never answered (a wrong endpoint, a
+stopped server), raises :class:`EndpointUnreachable`, which neither client retries
+(each would keep trying for a minute or two: a wrong endpoint took 72-120 s to fail)
+and which the store reports as a ``ConnectionError`` naming the endpoint and what to
+check. Once it has answered, a connection that cannot be made is an outage, left to
+the client's retries like a lost answer. Everything
 else (a 5xx, a connection dropped mid-request, a lost answer) is left to the client's
 own retries, which the conditional writes make safe.
 """
@@ -120,6 +122,8 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
                 ("https", _pools.HTTPSConnectionPool),
             )
         }
+        self.answered = False
+        """Whether the endpoint has answered a request (then an outage is no wrong endpoint)."""
         super().__init__(pool_maxsize=64, max_retries=retry)
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
@@ -139,8 +143,10 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             # urllib3 sends the request under its "connect" timeout and waits for the
             # answer under the read one: both are the read timeout here, the connection
             # alone is bounded by connection_timeout (_fast_connecting).
-            return super().send(request, *args, timeout=(read, read), **kwargs)
+            answer = super().send(request, *args, timeout=(read, read), **kwargs)
         except _requests.ConnectionError as exc:
+            if self.answered:  # an outage of an endpoint that answered: the client retries
+                raise
             reason = getattr(exc.args[0] if exc.args else None, "reason", None)
             endpoint = endpoint_of(str(request.url))
             if isinstance(reason, _urllib3_exc.ProxyError):  # the proxy's connection
@@ -156,6 +162,8 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
                 f"each at most): {self.hint}; storage_options connection_timeout and "
                 "connect_retries bound how long this takes"
             ) from exc
+        self.answered = True
+        return answer
 
 
 def _fast_connecting(pool: Any, limit: float) -> Any:
