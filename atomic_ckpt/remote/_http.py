@@ -122,8 +122,8 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
                 ("https", _pools.HTTPSConnectionPool),
             )
         }
-        self.answered = False
-        """Whether the endpoint has answered a request (then an outage is no wrong endpoint)."""
+        self.answered: set[str] = set()
+        """The endpoints that have answered a request (an outage of one is no wrong endpoint)."""
         super().__init__(pool_maxsize=64, max_retries=retry)
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
@@ -145,10 +145,10 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             # alone is bounded by connection_timeout (_fast_connecting).
             answer = super().send(request, *args, timeout=(read, read), **kwargs)
         except _requests.ConnectionError as exc:
-            if self.answered:  # an outage of an endpoint that answered: the client retries
-                raise
-            reason = getattr(exc.args[0] if exc.args else None, "reason", None)
             endpoint = endpoint_of(str(request.url))
+            if endpoint in self.answered:  # an outage of an endpoint that answered: the
+                raise  # client retries
+            reason = getattr(exc.args[0] if exc.args else None, "reason", None)
             if isinstance(reason, _urllib3_exc.ProxyError):  # the proxy's connection
                 reason = reason.original_error
                 proxy = _proxy_of(kwargs.get("proxies"), endpoint)
@@ -162,7 +162,7 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
                 f"each at most): {self.hint}; storage_options connection_timeout and "
                 "connect_retries bound how long this takes"
             ) from exc
-        self.answered = True
+        self.answered.add(endpoint_of(str(request.url)))
         return answer
 
 
