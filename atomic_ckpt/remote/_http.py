@@ -3,11 +3,15 @@ settings read from ``storage_options``, and :class:`FastFailAdapter`, the reques
 transport both clients' requests go through.
 
 A request that cannot even connect (refused, unresolvable host, no answer to the
-connection within ``connection_timeout``) was never sent, so trying it again is safe;
-the adapter tries it ``connect_retries`` more times, 0.5 s, 1 s, 2 s... apart, then
-raises :class:`EndpointUnreachable`, which neither client retries (each would keep
-trying for a minute or two: a wrong endpoint took 72-120 s to fail) and which the store
-reports as a ``ConnectionError`` naming the endpoint and what to check. Everything
+connection within ``connection_timeout``, which bounds making the connection only:
+sending a request and reading its answer wait the read timeout) was never sent, so
+trying it again is safe; the adapter tries it ``connect_retries`` more times, 0.5 s,
+1 s, 2 s... apart, then, if the endpoint has never answered (a wrong endpoint, a
+stopped server), raises :class:`EndpointUnreachable`, which neither client retries
+(each would keep trying for a minute or two: a wrong endpoint took 72-120 s to fail)
+and which the store reports as a ``ConnectionError`` naming the endpoint and what to
+check. Once it has answered, a connection that cannot be made is an outage, left to
+the client's retries like a lost answer. Everything
 else (a 5xx, a connection dropped mid-request, a lost answer) is left to the client's
 own retries, which the conditional writes make safe.
 """
@@ -15,6 +19,7 @@ own retries, which the conditional writes make safe.
 from __future__ import annotations
 
 import importlib
+import socket
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +32,12 @@ _requests: Any = importlib.import_module("requests")
 _adapters: Any = importlib.import_module("requests.adapters")
 _urllib3_exc: Any = importlib.import_module("urllib3.exceptions")
 _Retry: Any = importlib.import_module("urllib3.util.retry").Retry
+_pools: Any = importlib.import_module("urllib3.connectionpool")
 
 OPTIONS = ("connection_timeout", "read_timeout", "connect_retries")
+_LONGEST = float(1 << 31)
+"""The longest timeout taken, in seconds (68 years): a socket cannot wait past ~9e9 s
+(every request would fail with an OverflowError), nor forever (inf)."""
 """The storage_options read here (for gs:// and az:// alike)."""
 
 
@@ -51,9 +60,14 @@ class Reach:
             value = options.get(name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value <= _LONGEST  # nan and inf too
+            ):
                 raise ValueError(
-                    f"{url}: storage_options {name} must be seconds > 0, not {value!r}"
+                    f"{url}: storage_options {name} must be seconds > 0 (finite, at most "
+                    f"{_LONGEST:.0f}), not {value!r}"
                 )
             got[name] = float(value)
         retries = options.get("connect_retries")
@@ -99,23 +113,48 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             backoff_factor=0.5,
             raise_on_status=False,
         )
-        super().__init__(pool_maxsize=64, max_retries=retry)
         self.reach = reach
         self.hint = hint
+        self.pools = {
+            scheme: _fast_connecting(pool, reach.connection_timeout)
+            for scheme, pool in (
+                ("http", _pools.HTTPConnectionPool),
+                ("https", _pools.HTTPSConnectionPool),
+            )
+        }
+        self.answered: set[str] = set()
+        """The endpoints that have answered a request (an outage of one is no wrong endpoint)."""
+        super().__init__(pool_maxsize=64, max_retries=retry)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = self.pools
+
+    def proxy_manager_for(self, *args: Any, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(*args, **kwargs)
+        manager.pool_classes_by_scheme = self.pools
+        return manager
 
     def send(self, request: Any, *args: Any, timeout: Any = None, **kwargs: Any) -> Any:
         read = self.reach.read_timeout
         if read is None:
             read = timeout[1] if isinstance(timeout, tuple) else timeout
         try:
-            return super().send(
-                request, *args, timeout=(self.reach.connection_timeout, read), **kwargs
-            )
+            # urllib3 sends the request under its "connect" timeout and waits for the
+            # answer under the read one: both are the read timeout here, the connection
+            # alone is bounded by connection_timeout (_fast_connecting).
+            answer = super().send(request, *args, timeout=(read, read), **kwargs)
         except _requests.ConnectionError as exc:
+            endpoint = endpoint_of(str(request.url))
+            if endpoint in self.answered:  # an outage of an endpoint that answered: the
+                raise  # client retries
             reason = getattr(exc.args[0] if exc.args else None, "reason", None)
+            if isinstance(reason, _urllib3_exc.ProxyError):  # the proxy's connection
+                reason = reason.original_error
+                proxy = _proxy_of(kwargs.get("proxies"), endpoint)
+                endpoint = f"the proxy {proxy} (HTTP(S)_PROXY, for {endpoint})"
             if not isinstance(reason, _urllib3_exc.ConnectTimeoutError):  # refused, DNS, timeout
                 raise
-            endpoint = endpoint_of(str(request.url))
             tries = self.reach.connect_retries + 1
             raise EndpointUnreachable(
                 f"cannot connect to {endpoint} ({_why(reason)}; {tries} "
@@ -123,6 +162,37 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
                 f"each at most): {self.hint}; storage_options connection_timeout and "
                 "connect_retries bound how long this takes"
             ) from exc
+        self.answered.add(endpoint_of(str(request.url)))
+        return answer
+
+
+def _fast_connecting(pool: Any, limit: float) -> Any:
+    """``pool`` (a urllib3 connection pool class) whose connections wait at most ``limit``
+    seconds for the connection to be made, and then the request's timeout for sending
+    (urllib3 uses one timeout for both: a large body stalled past ``limit`` was cut off)."""
+    base = pool.ConnectionCls
+
+    def _new_conn(self: Any) -> Any:
+        sending = self.timeout
+        if sending is not None and not isinstance(sending, int | float):
+            sending = socket.getdefaulttimeout()  # urllib3's "default" (1.26 and 2.x differ)
+        self.timeout = limit if sending is None else min(limit, sending)
+        try:
+            sock = base._new_conn(self)
+        finally:
+            self.timeout = sending
+        sock.settimeout(sending)
+        return sock
+
+    connection = type(f"FastConnecting{base.__name__}", (base,), {"_new_conn": _new_conn})
+    return type(f"FastConnecting{pool.__name__}", (pool,), {"ConnectionCls": connection})
+
+
+def _proxy_of(proxies: Any, endpoint: str) -> str:
+    """The proxy requests chose for ``endpoint`` (its URL without credentials)."""
+    chosen = _requests.utils.select_proxy(endpoint, proxies or {}) or "?"
+    parts = urllib.parse.urlsplit(chosen)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
 
 
 def _why(reason: Any) -> str:

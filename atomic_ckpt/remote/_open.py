@@ -24,13 +24,22 @@ fsspec: Any = importlib.import_module("fsspec")
 
 
 _BUCKETS = {
-    # GCS: 3-63 characters (222 with dots), lowercase letters, digits, - _ and .
-    "gs": ("BUCKET", "GCS bucket", re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")),
+    # GCS: 3-63 characters, lowercase letters, digits, - _ and .; with dots up to 222,
+    # each dot-separated part 1-63 characters.
+    "gs": (
+        "BUCKET",
+        "GCS bucket",
+        re.compile(
+            r"(?!.*\.\.)"  # no empty part
+            r"(?=.{3,63}$|(?=.{3,222}$)[^.]{1,63}(?:\.[^.]{1,63})+$)"  # the lengths
+            r"[a-z0-9][a-z0-9._-]*[a-z0-9]"
+        ),
+    ),
     # Azure: 3-63 lowercase letters, digits and single hyphens, or a system container.
     "az": (
         "CONTAINER",
         "Azure container",
-        re.compile(r"\$root|\$web|\$logs|[a-z0-9](?:-?[a-z0-9]){2,62}"),
+        re.compile(r"\$root|\$web|\$logs|(?=.{3,63}$)[a-z0-9](?:-?[a-z0-9])+"),
     ),
     # S3: what an S3-compatible server may allow (legacy buckets have capitals and _).
     "s3": ("BUCKET", "bucket", re.compile(r"[^/?#\s]+")),
@@ -56,7 +65,7 @@ def check_root(url: str, protocol: str) -> None:
             raise ValueError(f"{url}: no account host after '@': a root is {form}")
     if not bucket:
         why = f"no {kind.lower()} right after '{protocol}://'"
-    elif not rule.fullmatch(bucket) or (family == "gs" and len(bucket) > 63 and "." not in bucket):
+    elif not rule.fullmatch(bucket):
         why = f"{bucket!r} is no valid {what} name"
     elif prefix.rstrip("/") and "" in prefix.rstrip("/").split("/"):
         why = "the prefix has an empty segment ('//')"

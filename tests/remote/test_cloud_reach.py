@@ -8,6 +8,7 @@ a root takes, before any request; a misconfigured option or credential names the
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -107,7 +108,8 @@ def test_connection_timeout_and_connect_retries_are_storage_options(
 ) -> None:
     """connect_retries=0: one connection try and no sleep; connection_timeout bounds each
     connection; read_timeout is accepted; each refused with a ValueError naming it when
-    it is no positive number (connect_retries: an int >= 0)."""
+    it is no positive number (connect_retries: an int >= 0), or not a finite one that a
+    socket can wait (inf and 1e300 failed every request with a bare OverflowError)."""
     _need(scheme)
     tries = _Connects(monkeypatch)
     options = _dead_options(
@@ -124,6 +126,9 @@ def test_connection_timeout_and_connect_retries_are_storage_options(
         ("connect_retries", -1),
         ("connect_retries", 1.5),
         ("connection_timeout", "5"),
+        ("connection_timeout", math.inf),
+        ("read_timeout", 1e300),
+        ("read_timeout", math.nan),
     ]:
         with pytest.raises(ValueError, match=name):
             RemoteCheckpointDir(
@@ -161,6 +166,9 @@ def test_a_dead_endpoint_in_the_cli_exits_2_in_one_line(
         ("abfs:///run", "abfs://CONTAINER/PREFIX"),
         ("az://Bad_C/run", "az://CONTAINER/PREFIX"),
         ("az://a--b/run", "az://CONTAINER/PREFIX"),
+        ("az://" + "a-" * 32 + "a/run", "az://CONTAINER/PREFIX"),  # 65 characters
+        ("gs://" + "a" * 64 + ".b/run", "gs://BUCKET/PREFIX"),  # a dotted part over 63
+        ("gs://a..b/run", "gs://BUCKET/PREFIX"),
         ("az://container@/run", "az://CONTAINER/PREFIX"),
         ("az://container/a//b", "az://CONTAINER/PREFIX"),
         ("s3:///run", "s3://BUCKET/PREFIX"),
@@ -184,7 +192,19 @@ def test_a_root_that_names_no_valid_bucket_is_a_value_error_naming_the_form(
 
 @pytest.mark.parametrize(
     "url",
-    ["gs://bucket", "gs://bucket/", "gs://bucket/run/", "gs://my.bucket_1-x/a/b", "az://$root/r"],
+    [
+        "gs://bucket",
+        "gs://bucket/",
+        "gs://bucket/run/",
+        "gs://my.bucket_1-x/a/b",
+        "gs://abc/r",
+        "gs://" + "a" * 63,
+        "gs://" + ".".join(["a" * 63] * 3) + "/r",
+        "gs://bucket/ünï côde/r",
+        "az://$root/r",
+        "az://" + "a-" * 31 + "a/r",  # 63 characters
+        "az://abc/ü",
+    ],
 )
 def test_a_valid_root_opens_whatever_its_trailing_slash(url: str) -> None:
     """A bucket alone, with a trailing slash, a nested prefix, dots and underscores (GCS),
@@ -258,3 +278,91 @@ def test_a_bucket_name_is_checked_against_the_emulators_too(
             f"{server.scheme}://{server.new_bucket()}/", storage_options=server.options()
         )
         assert rdir.steps() == []
+
+
+class _LateReader:
+    """A server that, for each connection, reads the request's headers, waits ``pause``
+    seconds before reading its body (a server busy, a link stalled: the client's send
+    blocks once the buffers are full), then answers 200. ``requests`` counts the bodies
+    it read whole."""
+
+    def __init__(self, pause: float) -> None:
+        import socket
+
+        self.pause, self.requests = pause, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: Any) -> None:
+        with conn, conn.makefile("rb") as f:
+            length = 0
+            while (line := f.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            time.sleep(self.pause)
+            if len(f.read(length)) == length:
+                self.requests += 1
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_body_the_server_reads_late_is_sent_once_within_the_read_timeout(
+    scheme: str,
+) -> None:
+    """connection_timeout bounds making a connection, not sending a request: a 32 MiB body
+    the server starts reading only after 2.5 s (past connection_timeout=1, within the
+    read timeout) is sent once and answered. It was cut off at connection_timeout (the
+    body went under urllib3's connect timeout), so a large upload over a link stalled
+    for 5 s (the default) was sent again, or failed."""
+    _need(scheme)
+    server = _LateReader(pause=2.5)
+    try:
+        options = _dead_options(scheme, server.endpoint, connection_timeout=1, read_timeout=30)
+        store = RemoteCheckpointDir(f"{scheme}://bucket/run", storage_options=options)._store
+        answer = store.session.put(  # type: ignore[attr-defined]
+            f"{server.endpoint}/bucket/object", data=b"x" * (32 << 20), timeout=60
+        )
+        assert answer.status_code == 200
+        assert server.requests == 1
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_proxy_nothing_answers_on_fails_as_fast_naming_it(
+    scheme: str, dead_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP(S)_PROXY naming a port nothing listens on: nothing was sent, so it is the same
+    bounded ConnectionError as a dead endpoint, naming the proxy (it was requests'
+    ProxyError, which the clients retried for a minute or two: GCS 120 s)."""
+    _need(scheme)
+    proxy = f"http://127.0.0.1:{free_port()}"
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    options = _dead_options(scheme, dead_endpoint, connect_retries=0)
+    if scheme == "az":  # the SDK's retries would take a minute before the fix
+        from azure.storage.blob import LinearRetry
+
+        options["client_kwargs"] = {
+            "retry_policy": LinearRetry(backoff=0.05, random_jitter_range=0, retry_total=2)
+        }
+    rdir = RemoteCheckpointDir(f"{scheme}://bucket/run", storage_options=options)
+    if scheme == "gs":
+        rdir._store.retry = rdir._store.retry.with_timeout(2)  # type: ignore[attr-defined]
+    with pytest.raises(ConnectionError, match="proxy") as caught:
+        rdir.steps()
+    assert proxy in str(caught.value), caught.value

@@ -1,0 +1,297 @@
+"""The commit point's request through a real TCP proxy between the client and the emulator
+(below the whole requests/urllib3 transport, so the errors are the transport's own): the
+manifest write reaches the server and is applied, and its answer is cut off (the
+connection reset); then, optionally, no connection can be made for a while. The
+client's retry (a sent request: never the connection adapter's) is answered "precondition
+failed", the manifest there is this attempt's, and the commit succeeds: one winner, the
+write applied once. Once the endpoint has answered, connections refused past
+``connect_retries`` are an outage the client's retries decide (no fast
+ConnectionError), and the step that landed is still whole."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3.util.connection
+from _emulators import AZURITE_ACCOUNT, AZURITE_KEY, Emulator
+from _remote_support import read_tree, write_tree
+
+from atomic_ckpt.remote import RemoteCheckpointDir
+
+_WRITES = (b"POST ", b"PUT ")
+
+
+class CuttingProxy:
+    """Forwards every connection to ``upstream``; the answer to the first ``cut`` manifest
+    writes (a POST or PUT whose bytes name ``checkpoint_complete``) is never forwarded:
+    the client's connection is reset once the server has answered. After a cut, new
+    connections are refused for ``refuse_for`` seconds (the listening socket closed)."""
+
+    def __init__(self, upstream: str, cut: int = 1, refuse_for: float = 0.0) -> None:
+        parts = urllib.parse.urlsplit(upstream)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.cut, self.refuse_for = cut, refuse_for
+        self.cuts = 0
+        self.writes = 0  # manifest writes that reached the server
+        self.answers: list[bytes] = []  # the status lines of the answers cut off
+        self.clients: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.listener = self._listen(0)
+        self.port = self.listener.getsockname()[1]
+        self.stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _listen(self, port: int) -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(64)
+        return s
+
+    def _accept(self) -> None:
+        while not self.stopped:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                time.sleep(0.01)  # the listener is being replaced
+                continue
+            server = socket.create_connection(self.upstream)
+            with self.lock:
+                self.clients.append(client)
+            state: dict[str, Any] = {
+                "sent": b"",
+                "armed": False,
+                "answered": False,
+                "counted": False,
+            }
+            threading.Thread(target=self._up, args=(client, server, state), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, state), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, state: dict[str, Any]) -> None:
+        try:
+            while data := client.recv(1 << 16):
+                if state["answered"]:  # a new request on this connection
+                    state.update(sent=b"", answered=False, counted=False)
+                state["sent"] += data
+                sent = state["sent"]
+                if sent.startswith(_WRITES) and b"checkpoint_complete" in sent:
+                    with self.lock:
+                        if not state["counted"]:
+                            state["counted"] = True
+                            self.writes += 1
+                            if self.cuts < self.cut:
+                                self.cuts += 1
+                                state["armed"] = True
+                server.sendall(data)
+        except OSError:
+            pass
+        finally:
+            server.close()
+
+    def _down(self, server: socket.socket, client: socket.socket, state: dict[str, Any]) -> None:
+        try:
+            while data := server.recv(1 << 16):
+                state["answered"] = True
+                if state["armed"]:
+                    self.answers.append(data.split(b"\r\n", 1)[0])
+                    if self.refuse_for:  # and every open connection is closed
+                        self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+                        self.listener.close()
+                        threading.Thread(target=self._relisten, daemon=True).start()
+                        with self.lock:
+                            for other in self.clients:
+                                if other is not client:
+                                    with contextlib.suppress(OSError):
+                                        other.shutdown(socket.SHUT_RDWR)
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    client.shutdown(socket.SHUT_RDWR)  # the answer is lost
+                    client.close()
+                    return
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+    def outage(self) -> None:
+        """Refuse connections for ``refuse_for`` seconds from now, every open one closed."""
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for other in self.clients:
+                with contextlib.suppress(OSError):
+                    other.shutdown(socket.SHUT_RDWR)
+        threading.Thread(target=self._relisten, daemon=True).start()
+
+    def _relisten(self) -> None:
+        time.sleep(self.refuse_for)
+        self.listener = self._listen(self.port)
+
+    def stop(self) -> None:
+        self.stopped = True
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+
+class Refusals:
+    """Count the connections refused (urllib3's connects, every thread)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = urllib3.util.connection.create_connection
+
+        def connect(*a: Any, **kw: Any) -> Any:
+            try:
+                return real(*a, **kw)
+            except ConnectionRefusedError:
+                self.count += 1
+                raise
+
+        monkeypatch.setattr(urllib3.util.connection, "create_connection", connect)
+
+
+def _options(emulator: Emulator, endpoint: str, **extra: Any) -> dict[str, Any]:
+    if emulator.scheme == "gs":
+        return {"endpoint_url": endpoint, **extra}
+    return {
+        "connection_string": (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+        ),
+        **extra,
+    }
+
+
+def _root(emulator: Emulator, url: str, tmp: Path, proxy: CuttingProxy, **extra: Any) -> Any:
+    options = _options(emulator, proxy.endpoint, **extra)
+    if emulator.scheme == "az":
+        from azure.storage.blob import LinearRetry
+
+        options["client_kwargs"] = {
+            "retry_policy": LinearRetry(backoff=0.05, random_jitter_range=0, retry_total=3)
+        }
+    rdir = RemoteCheckpointDir(url, storage_options=options, staging_dir=tmp / "staging")
+    if emulator.scheme == "gs":
+        rdir._store.retry = rdir._store.retry.with_timeout(20.0)  # type: ignore[attr-defined]
+    return rdir
+
+
+@pytest.mark.parametrize("refuse_for", [0.0, 1.2], ids=["answer-lost", "then-refused"])
+@pytest.mark.parametrize("replace", [False, True], ids=["create", "replace"])
+def test_a_manifest_write_applied_whose_answer_is_lost_commits_once(
+    emulator: Emulator,
+    cloud_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    replace: bool,
+    refuse_for: float,
+) -> None:
+    """The manifest write is applied by the server and its answer reset on the way
+    (then, in ``then-refused``, connections refused for 1.2 s: inside connect_retries'
+    0.5+1 s): the commit returns, the step is this commit's bit-exact, the write reached
+    the server twice (the client's retry of a sent request, answered 412/409), and a
+    second writer of the same step from the same base loses."""
+    proxy = CuttingProxy(emulator.endpoint, cut=0, refuse_for=refuse_for)
+    refused = Refusals(monkeypatch)
+    try:
+        rdir = _root(emulator, cloud_url, tmp_path, proxy)
+        if replace:
+            with rdir.commit(1) as path:
+                write_tree(path, 1)
+        rdir.check_conditional_writes()
+        before = proxy.writes
+        proxy.cut = proxy.cuts + 1
+        with rdir.commit(1) as path:
+            expected = write_tree(path, 2)
+        assert proxy.cuts == proxy.cut, "the manifest write's answer was not cut"
+        assert proxy.answers, "no answer was cut"
+        assert b" 20" in proxy.answers[-1], proxy.answers  # the write was applied
+        assert proxy.writes - before == 2, proxy.writes - before  # the client's one retry
+        assert bool(refused.count) == bool(refuse_for), refused.count
+        assert rdir.steps() == [1]
+        assert read_tree(rdir.fetch(1, tmp_path / "got").path) == expected
+    finally:
+        proxy.stop()
+
+
+def test_a_connection_refused_past_connect_retries_after_the_write_landed(
+    emulator: Emulator, cloud_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest write is applied, its answer lost, then no connection can be made for
+    3 s, longer than connect_retries=1 waits (0.5 s): the endpoint had answered, so the
+    client's retries decide. GCS's (20 s here) outlast the outage and the commit returns;
+    Azure's (3 tries 50 ms apart here) do not, and the commit is an OSError saying
+    whether the manifest was written is unknown. Either way the step that landed is whole
+    (the data is kept)."""
+    proxy = CuttingProxy(emulator.endpoint, cut=0, refuse_for=3.0)
+    refused = Refusals(monkeypatch)
+    try:
+        rdir = _root(emulator, cloud_url, tmp_path, proxy, connect_retries=1, connection_timeout=1)
+        rdir.check_conditional_writes()
+        proxy.cut = proxy.cuts + 1
+        if emulator.scheme == "gs":
+            with rdir.commit(1) as path:
+                expected = write_tree(path, 3)
+        else:
+            with (
+                pytest.raises(OSError, match="was written is unknown") as caught,
+                rdir.commit(1) as path,
+            ):
+                expected = write_tree(path, 3)
+            assert not isinstance(caught.value, ConnectionError)  # no wrong endpoint
+        assert proxy.cuts == 1
+        assert refused.count >= 2, refused.count  # connect_retries=1: two tries at least
+        time.sleep(3.0)
+        assert rdir.steps() == [1]
+        assert read_tree(rdir.fetch(1, tmp_path / "got").path) == expected
+    finally:
+        proxy.stop()
+
+
+def test_an_outage_after_the_endpoint_answered_is_left_to_the_clients_retries(
+    emulator: Emulator, cloud_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the endpoint has answered, a connection that cannot be made is an outage, not a
+    wrong endpoint: with connect_retries=0, connections refused for 1.5 s (every open one
+    closed) are retried by the client, and the commit returns whole. The fast failure
+    (a ConnectionError after connect_retries) is for an endpoint never reached: it
+    failed a training's save over any blip longer than the connection retries (3.5 s by
+    default), where the clients had retried for a minute or two."""
+    proxy = CuttingProxy(emulator.endpoint, cut=0)
+    refused = Refusals(monkeypatch)
+    try:
+        options = _options(emulator, proxy.endpoint, connect_retries=0)
+        if emulator.scheme == "az":
+            from azure.storage.blob import LinearRetry
+
+            options["client_kwargs"] = {
+                "retry_policy": LinearRetry(backoff=1.0, random_jitter_range=0, retry_total=4)
+            }
+        rdir = RemoteCheckpointDir(
+            cloud_url, storage_options=options, staging_dir=tmp_path / "staging"
+        )
+        if emulator.scheme == "gs":
+            rdir._store.retry = rdir._store.retry.with_timeout(20.0)  # type: ignore[attr-defined]
+        assert rdir.steps() == []  # the endpoint answered
+        proxy.refuse_for = 1.5
+        proxy.outage()
+        with rdir.commit(1) as path:
+            expected = write_tree(path, 4)
+        assert refused.count >= 1, "no connection was refused"
+        assert read_tree(rdir.fetch(1, tmp_path / "got").path) == expected
+    finally:
+        proxy.stop()
