@@ -276,11 +276,17 @@ class RemoteCheckpointDir:
             yield handle.path
 
     def upload(
-        self, step: SupportsIndex, directory: PathLike, *, metadata: Mapping[str, Any] | None = None
+        self,
+        step: SupportsIndex,
+        directory: PathLike,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        replace_unusable: bool = False,
     ) -> RemoteCheckpoint:
         """Commit the files of an existing local ``directory`` as ``step`` (its marker, if it
-        has one, is left out; the directory is not changed)."""
-        handle = self.begin(step, metadata=metadata)
+        has one, is left out; the directory is not changed). ``replace_unusable``: as
+        :meth:`begin`."""
+        handle = self.begin(step, metadata=metadata, replace_unusable=replace_unusable)
         try:
             return handle._publish_from(Path(directory))
         finally:
