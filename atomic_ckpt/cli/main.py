@@ -263,7 +263,7 @@ def _mark_complete(args: argparse.Namespace) -> int:
     checks = [] if args.no_check or not path.is_dir() else ckpts.check_contents(step)
     broken = [c for c in checks if not c.ok]
     for c in checks:
-        verdict = "not checked (format not known)" if c.format is None else c.format
+        verdict = c.format or ("not checked (format not known)" if c.ok else "unusable")
         print(f"  {c.path}: {verdict}" + ("" if c.ok else f": DAMAGED: {c.problem}"))
     if broken:
         print(

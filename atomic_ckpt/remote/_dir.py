@@ -22,12 +22,12 @@ from atomic_ckpt import (
     Checkpoint,
     CheckpointDir,
     CheckpointNotFoundError,
-    InvalidStepError,
     Manifest,
     RetentionPolicy,
     VerificationError,
 )
 from atomic_ckpt._core.l1_names.names import check_prefix
+from atomic_ckpt._core.l4_protocol.root import check_step as _check_step  # as a local root
 from atomic_ckpt.remote import _clean, _entries, _fetch, _protocol
 from atomic_ckpt.remote._commit import RemoteCommit
 from atomic_ckpt.remote._entries import RemoteEntry
@@ -42,16 +42,6 @@ PathLike = str | os.PathLike[str]
 
 DEFAULT_GRACE = 3600.0
 """Seconds an unreferenced attempt must be left alone before ``clean()`` removes it."""
-
-
-def _check_step(raw: SupportsIndex) -> int:
-    try:
-        step = raw.__index__()
-    except (AttributeError, TypeError):
-        step = None
-    if step is None or isinstance(raw, bool) or step < 0:
-        raise InvalidStepError(f"step must be a non-negative int, got {raw!r}", step=None)
-    return step
 
 
 class RemoteCheckpointDir:
@@ -286,11 +276,17 @@ class RemoteCheckpointDir:
             yield handle.path
 
     def upload(
-        self, step: SupportsIndex, directory: PathLike, *, metadata: Mapping[str, Any] | None = None
+        self,
+        step: SupportsIndex,
+        directory: PathLike,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        replace_unusable: bool = False,
     ) -> RemoteCheckpoint:
         """Commit the files of an existing local ``directory`` as ``step`` (its marker, if it
-        has one, is left out; the directory is not changed)."""
-        handle = self.begin(step, metadata=metadata)
+        has one, is left out; the directory is not changed). ``replace_unusable``: as
+        :meth:`begin`."""
+        handle = self.begin(step, metadata=metadata, replace_unusable=replace_unusable)
         try:
             return handle._publish_from(Path(directory))
         finally:

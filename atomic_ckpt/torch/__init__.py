@@ -20,7 +20,6 @@ import contextlib
 import functools
 import io
 import json
-import operator
 import os
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +31,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from atomic_ckpt import Checkpoint, CheckpointDir, VerifiedCheckpoint
+from atomic_ckpt._core.l4_protocol.root import check_step
 from atomic_ckpt.torch import _frozen, _verified
 from atomic_ckpt.torch._bytes import (
     _failed,
@@ -101,7 +101,7 @@ def write_state(
 
     Each file is a new one: a name already there (a file carried from a committed
     checkpoint, which shares its storage) is unlinked first, never written through."""
-    out = Path(directory)
+    out, step = Path(directory), check_step(step)  # a bool is no step: before any write
     _unlink(out, MODEL_FILE, STATE_FILE, *_pickled(optimizer, scheduler))
     save_model(model, str(out / MODEL_FILE))
     _write_rest(
@@ -129,7 +129,7 @@ def _write_rest(
         torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)
     if scheduler is not None:
         torch.save(scheduler.state_dict(), out / SCHEDULER_FILE)
-    doc = {"step": operator.index(step), "epoch": epoch, "metadata": dict(metadata or {})}
+    doc = {"step": check_step(step), "epoch": epoch, "metadata": dict(metadata or {})}
     (out / STATE_FILE).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -181,7 +181,7 @@ def save_state(
     with ckpts.begin(step, metadata=metadata, replace_unusable=replace_unusable) as commit:
         write_state(
             commit.path,
-            step=operator.index(step),
+            step=step,
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,

@@ -101,6 +101,19 @@ def test_save_state_with_carry_frozen_and_the_dcp_writer_refuse_a_bool_step(
     assert c.steps() == []
 
 
+def test_write_state_refuses_a_bool_like_step(tmp_path: Path) -> None:
+    """``write_state(path, step=torch.tensor(True))`` (or ``step=True``) wrote
+    ``"step": 1`` into the training state a resume then trusts: it is an
+    InvalidStepError, as for every commit, and nothing is written."""
+    torch = pytest.importorskip("torch")
+    from atomic_ckpt.torch import write_state
+
+    for flag in (True, torch.tensor(True)):
+        with pytest.raises(InvalidStepError, match="non-negative int"):
+            write_state(tmp_path, step=flag, model=torch.nn.Linear(2, 2))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_check_contents_of_a_step_that_is_not_there_names_it(tmp_path: Path) -> None:
     """``check_contents(7)`` with no directory 7 raised a bare ``[Errno 2]`` about the path;
     it is a CheckpointNotFoundError (a FileNotFoundError) naming the step and the root."""

@@ -83,3 +83,21 @@ def test_the_step_s_own_checkpoint_is_replaced_as_before(tmp_path: Path) -> None
         (path / "model.bin").write_bytes(b"again")
     assert rdir.steps() == [5]
     rdir.verify(5)
+
+
+@CASES
+def test_upload_over_it_is_refused_unless_replace_unusable(
+    tmp_path: Path, old: bytes, new: bytes, says: str
+) -> None:
+    """``upload(step, directory)`` refused such a step naming ``replace_unusable=True``,
+    an option it did not take: it takes it now, as ``begin`` and ``commit`` do."""
+    rdir = _root(tmp_path)
+    _rewrite(rdir, old, new)
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "model.bin").write_bytes(b"local")
+    with pytest.raises(StepConflictError, match=says):
+        rdir.upload(5, local)
+    rdir.upload(5, local, replace_unusable=True)
+    assert rdir.steps() == [5]
+    rdir.verify(5)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Literal, NamedTuple, cast
 
-from atomic_ckpt._core.l1_names.names import is_marker_name
+from atomic_ckpt._core.l1_names.names import is_marker_name, parse_tmp
 from atomic_ckpt._core.l3_formats.tree import walk
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -99,7 +99,11 @@ def check_contents(directory: str | os.PathLike[str]) -> list[FileCheck]:
 
 
 def check_file(path: Path, rel: str) -> FileCheck:
-    """One file's verdict (see :class:`FileCheck`); an unreadable file is a problem."""
+    """One file's verdict (see :class:`FileCheck`); an unreadable file is a problem, and
+    so is the temporary of a one-file write killed before its rename (the save it is
+    part of was cut short)."""
+    if parse_tmp(path.name) is not None:
+        return FileCheck(rel, None, "is the temporary of a write that never finished")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:

@@ -310,6 +310,31 @@ def other_prefixes(root: Path, prefix: str) -> list[tuple[Path, str, int]]:
     return sorted(found)
 
 
+def steps_under_names(root: Path, prefix: str) -> list[tuple[Path, int]]:
+    """The directories of ``root`` under a name (no step's, no temporary's) whose marker
+    records a step: steps moved or copied there by hand (``mv 5 interrupted``), as
+    (path, its step), by path. A name ending in the step it records is another prefix's
+    step (see :func:`other_prefixes`), not one of these; links never are. Read-only."""
+    try:
+        listing = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found: list[tuple[Path, int]] = []
+    for de in listing:
+        if TMP_INFIX in de.name or parse_step(de.name, prefix) is not None:
+            continue
+        try:
+            manifest = (
+                read_marker(Path(de.path), body=False) if de.is_dir(follow_symlinks=False) else None
+            )
+        except (ManifestError, OSError):
+            continue
+        step = None if manifest is None or manifest.legacy else manifest.step
+        if step is not None and not de.name.endswith(str(step)):
+            found.append((Path(de.path), step))
+    return sorted(found)
+
+
 def complete(root: Path, prefix: str, warned: set[Path]) -> list[Checkpoint]:
     """The complete checkpoints of ``root``, ascending; warn once per skipped directory."""
     result: list[Checkpoint] = []

@@ -80,7 +80,10 @@ def adopt(
     if check:
         broken = [c for c in check_contents(path) if not c.ok]
         if broken:
-            problems = tuple(f"{path / c.path}: {c.format} file {c.problem}" for c in broken)
+            problems = tuple(
+                f"{path / c.path}: {c.format + ' file ' if c.format else ''}{c.problem}"
+                for c in broken
+            )
             raise VerificationError(
                 f"refusing to mark {path} complete: {len(broken)} file(s) are damaged, "
                 "as a save killed mid-write leaves them:\n  "

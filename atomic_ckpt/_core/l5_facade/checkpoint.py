@@ -326,7 +326,8 @@ class CheckpointDir(Reading, TrainerOps):
         """What can be checked of step ``step``'s files without their writer: safetensors
         headers against the file's length, torch zip archives' central directories, JSON
         that parses. One :class:`~atomic_ckpt.FileCheck` per regular file; ``format`` None
-        for a file of a format not known here (not checked). Read-only."""
+        for a file of a format not known here (not checked). The temporary of a one-file
+        write that never finished (``.model.pt.tmp-<hex>``) is a problem. Read-only."""
         path = self.path_of(step)
         if not path.is_dir():
             why = f"no directory for step {step} in {self.root}: nothing to check (see ls)"

@@ -223,6 +223,7 @@ class Reading:
         found = self._newest(
             verify=verify, read=read, rejected=rejected, verifier=verifier, skipped=skipped
         )
+        self._warn_moved_to_names(None if found is None else found.checkpoint.step)
         newer = [e for e in skipped if e.newer_format]
         if found is not None and newer:
             return found, self._newer_error(found.checkpoint, newer)
@@ -259,6 +260,24 @@ class Reading:
             paths=tuple(p for p, _ in listed),
             problems=problems,
         )
+
+    def _warn_moved_to_names(self, resumed: int | None) -> None:
+        """Warn (once per directory) of each step above ``resumed`` (None: any) moved by
+        hand under a name: the resume cannot see it, and nothing would replace it."""
+        for path, step in _read.steps_under_names(self._root.path, self._root.prefix):
+            if (resumed is None or step > resumed) and path not in self._root.warned:
+                self._root.warned.add(path)
+                back = self._root.path / f"{self._root.prefix}{step}"
+                log.warning(
+                    "%s holds the complete checkpoint of step %d, moved or copied there by "
+                    "hand under a name: this resume does not see it (it %s); to resume from "
+                    "it, move it back: mv %s %s",
+                    path,
+                    step,
+                    "starts from scratch" if resumed is None else f"resumes from step {resumed}",
+                    path,
+                    back,
+                )
 
     def _other_prefix_error(self) -> UnusableCheckpointsError | None:
         """The refusal to start fresh where the root holds no step directory of this
