@@ -6,11 +6,12 @@ something that is no container read as "no such checkpoint"."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _emulators import Emulator, Hook, HttpFault, Send, fast_root
+from _emulators import Emulator, Hook, HttpFault, Send, fast_root, importable, missing
 
 from atomic_ckpt import StepConflictError
 from atomic_ckpt.remote import NoSuchBucketError, RemoteCheckpointDir, UnsupportedStoreError
@@ -58,7 +59,9 @@ def test_a_gcs_manifest_past_the_multipart_limit_is_probed_on_the_resumable_path
     anything, so the store is refused (UnsupportedStoreError naming the resumable
     upload), no step is visible and nothing is left in the bucket; a small manifest's
     commit on the same root still goes through the multipart path the first probe passed."""
-    blob_module = pytest.importorskip("google.cloud.storage.blob")
+    if not importable("google.cloud.storage.blob"):
+        missing("needs google-cloud-storage (the [gcs] extra)")
+    blob_module = importlib.import_module("google.cloud.storage.blob")
     monkeypatch.setattr(blob_module, "_MAX_MULTIPART_SIZE", LIMIT)
     url = f"gs://{gs_server.new_bucket()}/run"
     first, second = (fast_root(gs_server, url, tmp_path / f"w{i}") for i in (1, 2))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from _emulators import AZURITE_ACCOUNT, AZURITE_KEY, Emulator
+from _emulators import AZURITE_ACCOUNT, AZURITE_KEY, Emulator, importable, missing
 from _remote_support import SMALL_PART, read_tree, write_tree
 
 import atomic_ckpt.remote
@@ -214,7 +214,9 @@ def test_options_a_store_does_not_take_are_refused(
 ) -> None:
     """An option neither gcsfs nor adlfs users would pass here, or a root naming no account
     or bucket: a ValueError naming what is accepted, before any request."""
-    pytest.importorskip("google.cloud.storage" if url[:2] == "gs" else "azure.storage.blob")
+    client = "google.cloud.storage" if url[:2] == "gs" else "azure.storage.blob"
+    if not importable(client):
+        missing(f"needs {client} (the [gcs] or [azure] extra)")
     for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match=match):

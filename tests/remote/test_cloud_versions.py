@@ -10,10 +10,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-packaging = pytest.importorskip("packaging.requirements", reason="needs packaging")
-from packaging.requirements import Requirement  # noqa: E402
-from packaging.version import Version  # noqa: E402
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = {"gcs": "google-cloud-storage", "azure": "azure-storage-blob"}
