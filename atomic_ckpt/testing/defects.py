@@ -35,7 +35,8 @@ __all__ = ["DEFECTS"]
 
 
 @contextlib.contextmanager
-def _patched(obj: object, name: str, value: object) -> Iterator[None]:
+def patched(obj: object, name: str, value: object) -> Iterator[None]:
+    """``obj.name`` is ``value`` for the duration of a with block (every mutant's patch)."""
     saved = getattr(obj, name)
     setattr(obj, name, value)
     try:
@@ -58,7 +59,7 @@ def _retention_drops_latest() -> Iterator[None]:
             keep.update(s for s in steps if s % self.keep_every == 0)
         return Plan(delete=[c for c in found if c.step not in keep])
 
-    with _patched(RetentionPolicy, "plan", plan):
+    with patched(RetentionPolicy, "plan", plan):
         yield
 
 
@@ -74,7 +75,7 @@ def _prune_counts_unmarked() -> Iterator[None]:
             if e.step is not None and e.status in ("complete", "unmarked")
         ]
 
-    with _patched(_delete, "complete", complete):
+    with patched(_delete, "complete", complete):
         yield
 
 
@@ -96,7 +97,7 @@ def _clean_force_live() -> Iterator[None]:
                     found.append((root.path / name, None))
         return found
 
-    with _patched(_repair, "orphans", orphans):
+    with patched(_repair, "orphans", orphans):
         yield
 
 
@@ -113,7 +114,7 @@ def _amend_drops_nested() -> Iterator[None]:
         )
         return real(root, shown, *args, **kw)
 
-    with _patched(_amend, "carry_over", carry_over):
+    with patched(_amend, "carry_over", carry_over):
         yield
 
 
@@ -134,8 +135,8 @@ def _thread_join_error_ignored() -> Iterator[None]:
         real_leave(self, exc)
 
     with (
-        _patched(Commit, "__init__", init),
-        _patched(_joining.JoinedBlocks, "leave_join", leave_join),
+        patched(Commit, "__init__", init),
+        patched(_joining.JoinedBlocks, "leave_join", leave_join),
     ):
         yield
 
@@ -155,7 +156,7 @@ def _carry_ignores_inode() -> Iterator[None]:
         made[entry.path] = (bare, identity(os.lstat(target)))
         return method
 
-    with _patched(_carry, "_one", one):
+    with patched(_carry, "_one", one):
         yield
 
 
@@ -173,7 +174,7 @@ def _dedup_size_only() -> Iterator[None]:
             and their.mtime_ns is not None
         )
 
-    with _patched(_dedup, "_equal", equal), _patched(_dedup, "_same_bytes", lambda a, b: True):
+    with patched(_dedup, "_equal", equal), patched(_dedup, "_same_bytes", lambda a, b: True):
         yield
 
 
@@ -190,7 +191,7 @@ def _set_best_unmarked() -> Iterator[None]:
             _delete.set_best_locked(root, ckpt)
         return ckpt
 
-    with _patched(_delete, "set_best", set_best):
+    with patched(_delete, "set_best", set_best):
         yield
 
 
@@ -201,7 +202,7 @@ def _steps_descending() -> Iterator[None]:
     def steps(self: CheckpointDir) -> list[int]:
         return sorted((c.step for c in self.checkpoints()), reverse=True)
 
-    with _patched(CheckpointDir, "steps", steps):
+    with patched(CheckpointDir, "steps", steps):
         yield
 
 
@@ -215,7 +216,7 @@ def _async_close_swallows() -> Iterator[None]:
             with contextlib.suppress(BaseException):
                 self._join()
 
-    with _patched(AsyncCommitter, "close", close):
+    with patched(AsyncCommitter, "close", close):
         yield
 
 
@@ -232,7 +233,7 @@ def _async_save_drops_error() -> Iterator[None]:
         self._error = None
         real(self, *args, **kw)
 
-    with _patched(AsyncCommitter, "save", save):
+    with patched(AsyncCommitter, "save", save):
         yield
 
 
@@ -250,7 +251,7 @@ def _old_copy_left() -> Iterator[None]:
         def __getattr__(self, name: str) -> Any:
             return remove_tree if name == "remove_tree" else getattr(_fs, name)
 
-    with _patched(_commit, "_fs", _Fs("fs")):
+    with patched(_commit, "_fs", _Fs("fs")):
         yield
 
 
@@ -263,7 +264,7 @@ def _replace_aliases_always() -> Iterator[None]:
         real_init(self, *args, **kw)
         self.replace_aliases = True
 
-    with _patched(Commit, "__init__", init):
+    with patched(Commit, "__init__", init):
         yield
 
 

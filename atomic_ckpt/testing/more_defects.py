@@ -26,18 +26,9 @@ from atomic_ckpt._core.l4_protocol import named as _named
 from atomic_ckpt._core.l4_protocol import onefile as _onefile
 from atomic_ckpt._core.l4_protocol import repair as _repair
 from atomic_ckpt._core.l4_protocol import stage as _stage
+from atomic_ckpt.testing.defects import patched as _patched
 
 __all__ = ["MORE_DEFECTS"]
-
-
-@contextlib.contextmanager
-def _patched(obj: object, name: str, value: object) -> Iterator[None]:
-    saved = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, saved)
 
 
 class _Proxy(types.ModuleType):

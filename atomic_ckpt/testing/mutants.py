@@ -25,6 +25,7 @@ from atomic_ckpt._core.l4_protocol import joining as _joining
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l5_facade import closing as _closing
 from atomic_ckpt.testing.defects import DEFECTS
+from atomic_ckpt.testing.defects import patched as _patched
 from atomic_ckpt.testing.more_defects import MORE_DEFECTS
 
 __all__ = ["API_MUTANTS", "KILLED_BY", "KILLED_UNDER", "STEPS", "api_mutant", "mutant"]
@@ -78,16 +79,6 @@ def mutant(without: str) -> SyncPolicy:
 
 
 # ---- API mutants: each patches one module attribute for the duration of a with block
-
-
-@contextlib.contextmanager
-def _patched(obj: object, name: str, value: object) -> Iterator[None]:
-    saved = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, saved)
 
 
 @contextlib.contextmanager

@@ -277,14 +277,18 @@ def open_dir(path: str | os.PathLike[str]) -> int:
     return os.open(path, _DIR_FLAGS)
 
 
-def _open_parent(top_fd: int, parts: list[str]) -> int:
+def _open_parent(top_fd: int, parts: list[str], *, create: bool = False) -> int:
     """The directory ``parts`` below ``top_fd``, opened one component at a time, never
-    following a symlink (OSError ELOOP or ENOTDIR if a component is a link or a file)."""
+    following a symlink (OSError ELOOP or ENOTDIR if a component is a link or a file);
+    ``create``: missing components are made (their mode follows the umask)."""
     fd = os.dup(top_fd)
     try:
         for part in parts:
             if part in ("", ".", ".."):
                 raise OSError(errno.EINVAL, f"{part!r} is not a name inside the tree")
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
             nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt

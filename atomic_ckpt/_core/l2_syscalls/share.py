@@ -127,21 +127,7 @@ def open_dirs(top_fd: int, parts: list[str], *, create: bool = False) -> int:
     following a symlink (OSError ELOOP or ENOTDIR if a component is a link or a file);
     ``create``: missing components are made (their mode follows the umask). The caller
     closes the descriptor; nothing here is fsynced (a commit's tree walk does it)."""
-    fd = os.dup(top_fd)
-    try:
-        for part in parts:
-            if part in ("", ".", ".."):
-                raise OSError(errno.EINVAL, f"{part!r} is not a name inside the tree")
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-            nxt = os.open(part, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _open_parent(top_fd, parts, create=create)
 
 
 def make_at(dir_fd: int, name: str, *, symlink: str | None = None) -> None:
@@ -161,6 +147,3 @@ def move_at(src_fd: int, dst_fd: int, name: str, *, old: str | None = None) -> N
         os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
     os.rename(name if old is None else old, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
-
-
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
