@@ -103,6 +103,9 @@ class Call:
     start: int = 0
     """The trace line it began on (earlier than ``line`` when another thread's call was
     printed in between: the two ran at the same time)."""
+    former: int | None = None
+    """For an execve made by a thread other than its process's leader: that thread's id
+    (the kernel gives it the leader's, ``tid``, and ends every other thread)."""
 
 
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
@@ -112,6 +115,8 @@ _RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
 _RET = re.compile(r"^\s*=\s*(0x[0-9a-f]+|-?\d+|\?)(?:<(.*)>)?")
 _DECORATED = re.compile(r"^(-?\d+)<(.*)>(\(deleted\))?$", re.S)
 _UNFINISHED = " <unfinished ...>"
+_PID_CHANGED = re.compile(r" <pid changed to (\d+) \.\.\.>$")
+_SUPERSEDED = re.compile(r"^\+\+\+ superseded by execve in (?:pid|thread) (\d+) \+\+\+$")
 
 
 def split_args(text: str) -> tuple[list[str], str]:
@@ -222,14 +227,30 @@ def read_calls(trace: Path) -> Iterator[Call]:
                 yield last
                 last = None
             tid, text, start = int(m[1]), m[2], number
+            former: int | None = None
             if text.endswith(_UNFINISHED):
                 pending[tid] = (text[: -len(_UNFINISHED)], number)
                 continue
-            r = _RESUMED.match(text)
+            changed = _PID_CHANGED.search(text)
+            superseded = _SUPERSEDED.match(text)
+            if changed is not None:
+                # "T execve(...) <pid changed to L ...>": thread T's execve succeeded and
+                # T is now L, its process's leader ("<... execve resumed>" under L follows)
+                tid, former, text = int(changed[1]), tid, text[: changed.start()] + ") = 0"
+                pending.pop(tid, None)  # the leader's unfinished call never returns
+            elif superseded is not None:
+                # older strace: "L +++ superseded by execve in thread T +++", T's execve
+                # left unfinished: it returns in L
+                head = pending.pop(int(superseded[1]), None)
+                pending.pop(tid, None)
+                if head is None or not head[0].startswith("execve"):
+                    continue
+                former, text, start = int(superseded[1]), head[0] + ") = 0", head[1]
+            r = None if changed or superseded else _RESUMED.match(text)
             if r is not None:
                 head = pending.pop(tid, None)
-                if head is None:
-                    continue
+                if head is None or not head[0].startswith(r[1] + "("):
+                    continue  # an execve resumed after its thread became the leader
                 text, start = head[0] + r[2], head[1]
             paren = text.find("(")
             if paren <= 0:
@@ -242,6 +263,6 @@ def read_calls(trace: Path) -> Iterator[Call]:
             if rm is not None and rm[1] != "?" and not rest.lstrip("= ").startswith("-1 E"):
                 ret = int(rm[1], 0)
                 ret_path = unescape(rm[2]) if rm[2] is not None else None
-            last = Call(tid, name, args, ret, ret_path, line=number, start=start)
+            last = Call(tid, name, args, ret, ret_path, line=number, start=start, former=former)
     if last is not None:
         yield last

@@ -111,9 +111,16 @@ class _Descriptors(_Replay):
 
     def _sys_execve(self, call: Call) -> None:
         """The new program keeps the descriptors not marked close-on-exec, in a table of
-        its own (execve unshares a table its threads shared)."""
-        table = self._table(call.tid)
+        its own (execve unshares a table its threads shared). Made by a thread other than
+        the leader (:attr:`Call.former`), it is that thread's table and working directory
+        the program keeps, under the leader's id (issue 29, gap 3)."""
+        thread = call.tid if call.former is None else call.former
+        table = self._table(thread)
         kept = {fd: opened for fd, opened in table.items() if fd not in table.cloexec}
         self.tables[call.tid] = _Table(kept)
+        if call.former is not None:
+            self.cwd[call.tid] = self._cwd(call.former)
+            self.tables.pop(call.former, None)
+            self.cwd.pop(call.former, None)
 
     _sys_execveat = _sys_execve

@@ -1,0 +1,87 @@
+"""Issue 29's last outside attacks: an ioctl that changes a file (a reflink), a descriptor
+received over a Unix socket (SCM_RIGHTS) and an execve from a thread other than the
+leader; and the calls of the same class the allow-list now traces (Linux AIO, acct,
+swapon, pidfd_getfd, copy_file_range to an offset, fallocate's other modes).
+
+The trace lines are strace's own (6.1, ``-yy -X raw -s 0``); the FICLONE one was taken
+from a run on a loop-mounted XFS, where the reflink succeeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _audit_scripts import needs_strace
+
+from atomic_ckpt.testing._sparse import freeze
+from atomic_ckpt.testing.audit._strace import read_calls
+from atomic_ckpt.testing.audit._trace import TraceRecorder
+
+pytestmark = needs_strace
+
+
+def replay(
+    tmp_path: Path, lines: list[str], files: dict[str, bytes] | None = None
+) -> TraceRecorder:
+    """The trace ``lines`` ({root}: the audited directory) replayed on a root holding
+    ``files``."""
+    root = tmp_path / "ckpts"
+    root.mkdir(parents=True)
+    for name, data in (files or {}).items():
+        (root / name).write_bytes(data)
+    trace = tmp_path / "trace"
+    trace.write_text("\n".join(lines).format(root=root) + "\n")
+    rec = TraceRecorder(root)
+    rec.feed(read_calls(trace))
+    return rec
+
+
+def synced(rec: TraceRecorder) -> list[str]:
+    return [op.description for op in rec.ops if op.kind == "sync"]
+
+
+# ---- 3. execve from a thread other than the leader
+
+BEFORE_EXEC = [
+    '100 openat(-100<{root}>, "a", 0x41, 0644) = 3<{root}/a>',
+    '100 write(3<{root}/a>, ""..., 1) = 1',
+    " | 00000  61                                                a                |",
+    "100 clone3({{flags=0x3d0f00, exit_signal=0}}, 88) = 101",
+    "101 unshare(0x400) = 0",
+    "101 close(3<{root}/a>) = 0",
+    '101 openat(-100<{root}>, "b", 0x41, 0644) = 3<{root}/b>',
+    '101 openat(-100<{root}>, "c", 0x80041, 0644) = 4<{root}/c>',  # O_CLOEXEC
+    '100 read(7</elsewhere/x>, ""..., 10 <unfinished ...>',  # the leader, blocked
+]
+
+
+@pytest.mark.parametrize(
+    "exec_lines",
+    [
+        [  # strace 6: the thread's execve completes as the leader's pid
+            '101 execve("/usr/bin/python3", [...], 0x7ffd /* 35 vars */ <pid changed to 100 ...>',
+            "100 +++ superseded by execve in pid 101 +++",
+            "100 <... execve resumed>)             = -1 (errno 18446744073709551359)",
+        ],
+        [  # older strace: left unfinished, resumed under the leader's pid
+            '101 execve("/usr/bin/python3", [...], 0x7ffd /* 35 vars */ <unfinished ...>',
+            "100 +++ superseded by execve in thread 101 +++",
+            "100 <... execve resumed>) = 0",
+        ],
+    ],
+    ids=["pid-changed", "superseded"],
+)
+def test_an_execve_from_a_thread_keeps_that_threads_table(
+    tmp_path: Path, exec_lines: list[str]
+) -> None:
+    """The exec'ing thread becomes the leader: the new program's descriptor 3 is the
+    thread's (b), not the leader's (a), and its close-on-exec descriptor is gone. Main
+    dropped the execve and took fsync(3) for a sync of a (corpus attack29.3)."""
+    rec = replay(tmp_path, [*BEFORE_EXEC, *exec_lines, "100 fsync(3<{root}/b>) = 0"])
+    assert synced(rec) == ["fsync b"]
+    assert sorted(rec.tables[100]) == [3]
+    assert 101 not in rec.tables
+    assert rec.refusals == []
+    # the leader's unfinished read never returned: nothing was glued to the execve
+    assert freeze(rec.content[rec.inodes[0].entries["a"]]) == b"a"
