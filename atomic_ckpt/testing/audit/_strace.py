@@ -71,6 +71,8 @@ def record_command(
         "-e",
         "signal=none",
         "-e",
+        "abbrev=!recvmsg,recvmmsg",  # the descriptors an SCM_RIGHTS message carries
+        "-e",
         "write=all",
         "-e",
         f"trace={STRACE_TRACE}",
@@ -115,6 +117,7 @@ _RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
 _RET = re.compile(r"^\s*=\s*(0x[0-9a-f]+|-?\d+|\?)(?:<(.*)>)?")
 _DECORATED = re.compile(r"^(-?\d+)<(.*)>(\(deleted\))?$", re.S)
 _UNFINISHED = " <unfinished ...>"
+_SOCKET = re.compile(r"[A-Za-z0-9_-]+:\[[^\]>]*(?:->[^\]]*)?\]")
 _PID_CHANGED = re.compile(r" <pid changed to (\d+) \.\.\.>$")
 _SUPERSEDED = re.compile(r"^\+\+\+ superseded by execve in (?:pid|thread) (\d+) \+\+\+$")
 
@@ -134,8 +137,13 @@ def split_args(text: str) -> tuple[list[str], str]:
             while i < n and text[i] != '"':
                 i += 2 if text[i] == "\\" else 1
         elif ch == "<" and i > 0 and (text[i - 1].isdigit() or text[i - 1] == "]"):
-            # a decoration: a path that may hold any character but an unescaped '>'
+            # a decoration: a path that may hold any character but an unescaped '>', or a
+            # socket's "UNIX-STREAM:[1->2]" (a '>' inside its brackets; never a path,
+            # which strace gives absolute)
             i += 1
+            socket = _SOCKET.match(text, i)
+            if socket is not None:
+                i = socket.end()
             while i < n and text[i] != ">":
                 i += 2 if text[i] == "\\" else 1
         elif ch in "([{":

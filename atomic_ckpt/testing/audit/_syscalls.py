@@ -27,6 +27,13 @@ TABLE: dict[str, tuple[str, str]] = {
     "dup2": (MODELLED, "as dup"),
     "dup3": (MODELLED, "as dup (O_CLOEXEC: close-on-exec)"),
     "fcntl": (MODELLED, "F_DUPFD(_CLOEXEC) as dup, F_SETFD close-on-exec; the rest nothing"),
+    "recvmsg": (
+        MODELLED,
+        "descriptors received by SCM_RIGHTS: one that refers to the tree refused (it shares "
+        "an open file the receiving table cannot place: offset, flags)",
+    ),
+    "recvmmsg": (MODELLED, "as recvmsg"),
+    "pidfd_getfd": (REFUSED, "a copy of another process's descriptor, as a received one"),
     # data
     "read": (MODELLED, "moves the file offset"),
     "readv": (MODELLED, "moves the file offset"),

@@ -15,7 +15,7 @@ import pytest
 from _audit_scripts import needs_strace
 
 from atomic_ckpt.testing._sparse import freeze
-from atomic_ckpt.testing.audit._strace import read_calls
+from atomic_ckpt.testing.audit._strace import read_calls, split_args
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 pytestmark = needs_strace
@@ -37,8 +37,50 @@ def replay(
     return rec
 
 
+def refused(rec: TraceRecorder) -> list[str]:
+    return [path for path, _ in rec.refusals]
+
+
 def synced(rec: TraceRecorder) -> list[str]:
     return [op.description for op in rec.ops if op.kind == "sync"]
+
+
+# ---- 2. SCM_RIGHTS
+
+RECV = (
+    "100 recvmsg(3<UNIX-STREAM:[34684->34685]>, {{msg_name=0x7ffe, msg_namelen=110 => 0,"
+    ' msg_iov=[{{iov_base=""..., iov_len=1}}], msg_iovlen=1, msg_control=[{{cmsg_len=20,'
+    " cmsg_level=0x1, cmsg_type=TYPE, cmsg_data=[DATA]}}], msg_controllen=20,"
+    " msg_flags=0}}, 0) = 1"
+)
+
+
+def test_a_descriptor_of_the_tree_received_over_a_unix_socket_is_refused(tmp_path: Path) -> None:
+    """It shares the sender's open file (offset, O_APPEND, O_SYNC), which the receiver's
+    table never saw opened: main placed it by path at a guessed offset and called an
+    in-place overwrite through it clean (corpus attack29.2)."""
+    line = RECV.replace("TYPE", "0x1").replace("DATA", "7</elsewhere/x>, 5<{root}/w>")
+    rec = replay(tmp_path, [line], {"w": b"GOOD"})
+    assert refused(rec) == ["w"]
+    assert "SCM_RIGHTS" in rec.refusals[0][1]
+    assert "open the file by name" in rec.refusals[0][1]
+
+
+def test_descriptors_received_from_outside_the_tree_are_not_refused(tmp_path: Path) -> None:
+    """A DataLoader's shared-memory descriptors, credentials: nothing in the tree."""
+    for n, (kind, data) in enumerate(
+        [("0x1", "5</dev/shm/torch_1>, 6<anon_inode:[eventfd]>"), ("0x2", "{{pid=1, uid=0}}")]
+    ):
+        rec = replay(tmp_path / str(n), [RECV.replace("TYPE", kind).replace("DATA", data)])
+        assert rec.refusals == []
+
+
+def test_a_socket_pair_descriptor_does_not_cut_the_call_short() -> None:
+    """strace decorates a socketpair's descriptor ``UNIX-STREAM:[1->2]``: its '>' is not
+    the decoration's end (main lost every such call's arguments and return value)."""
+    args, rest = split_args("3<UNIX-STREAM:[1->2]>, 5</a/b:[x>, 0) = 1")
+    assert args == ["3<UNIX-STREAM:[1->2]>", "5</a/b:[x>", "0"]
+    assert rest == " = 1"
 
 
 # ---- 3. execve from a thread other than the leader

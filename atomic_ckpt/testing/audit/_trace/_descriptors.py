@@ -1,9 +1,10 @@
 """Replay of the descriptor calls: open, openat, openat2, creat, close, close_range, dup,
-dup2, dup3, fcntl, execve (close-on-exec)."""
+dup2, dup3, fcntl, execve (close-on-exec), recvmsg (SCM_RIGHTS)."""
 
 from __future__ import annotations
 
 import os
+import re
 
 from atomic_ckpt.testing._mirror import _UNIVERSE
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
@@ -12,6 +13,11 @@ from atomic_ckpt.testing.audit._trace._model import _Open, _Replay, _Table
 _F_DUPFD, _F_DUPFD_CLOEXEC, _F_SETFD, _F_SETFL, _FD_CLOEXEC = 0, 1030, 2, 4, 1
 _CLOSE_RANGE_CLOEXEC = 4
 _O_TMPFILE = 0o20000000  # __O_TMPFILE (O_TMPFILE adds O_DIRECTORY)
+_SCM_RIGHTS = re.compile(
+    r"cmsg_level=(?:0x1|SOL_SOCKET), cmsg_type=(?:0x1|SCM_RIGHTS), "
+    r"cmsg_data=\[((?:[^\]<]|<(?:[^>\\]|\\.)*>)*)\]"
+)
+_DECORATED_FD = re.compile(r"\d+<(?:[^>\\]|\\.)*>")
 
 
 class _Descriptors(_Replay):
@@ -122,5 +128,28 @@ class _Descriptors(_Replay):
             self.cwd[call.tid] = self._cwd(call.former)
             self.tables.pop(call.former, None)
             self.cwd.pop(call.former, None)
+
+    def _sys_recvmsg(self, call: Call) -> None:
+        """Descriptors received with SCM_RIGHTS (shown through ``abbrev=!recvmsg``) share
+        the sender's open files, whose offset and flags the receiving table cannot know:
+        one that refers to the tree is refused (issue 29, gap 2)."""
+        for control in _SCM_RIGHTS.findall(", ".join(call.args)):
+            if control.endswith("..."):
+                self._refuse(call, "descriptors received with SCM_RIGHTS the trace cuts short")
+                return
+            for fd in _DECORATED_FD.findall(control):
+                rel = self._rel(fd_arg(fd)[1])
+                if rel is not None:
+                    self._refuse(
+                        call,
+                        f"a descriptor of {rel or '.'} received over a Unix socket "
+                        "(SCM_RIGHTS): its offset and flags are the sender's, which the "
+                        "receiver's table cannot place; open the file by name in the "
+                        "process that writes it",
+                        rel or ".",
+                    )
+                    return
+
+    _sys_recvmmsg = _sys_recvmsg
 
     _sys_execveat = _sys_execve
