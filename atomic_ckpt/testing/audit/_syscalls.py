@@ -27,6 +27,12 @@ TABLE: dict[str, tuple[str, str]] = {
     "dup2": (MODELLED, "as dup"),
     "dup3": (MODELLED, "as dup (O_CLOEXEC: close-on-exec)"),
     "fcntl": (MODELLED, "F_DUPFD(_CLOEXEC) as dup, F_SETFD close-on-exec; the rest nothing"),
+    "ioctl": (
+        MODELLED,
+        "FIOCLEX/FIONCLEX close-on-exec; requests that change no file (TCGETS, FIONREAD, "
+        "FIONBIO, FS_IOC_GETFLAGS, FS_IOC_FIEMAP...) nothing; any other on a descriptor in "
+        "the tree refused (FICLONE, FICLONERANGE, FIDEDUPERANGE, FS_IOC_SETFLAGS...)",
+    ),
     "recvmsg": (
         MODELLED,
         "descriptors received by SCM_RIGHTS: one that refers to the tree refused (it shares "

@@ -9,13 +9,14 @@ from a run on a loop-mounted XFS, where the reflink succeeds.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from _audit_scripts import needs_strace
 
 from atomic_ckpt.testing._sparse import freeze
-from atomic_ckpt.testing.audit._strace import read_calls, split_args
+from atomic_ckpt.testing.audit._strace import read_calls, record_command, split_args
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 pytestmark = needs_strace
@@ -43,6 +44,98 @@ def refused(rec: TraceRecorder) -> list[str]:
 
 def synced(rec: TraceRecorder) -> list[str]:
     return [op.description for op in rec.ops if op.kind == "sync"]
+
+
+OPEN_W = '100 openat(-100<{root}>, "w", 0x2) = 4<{root}/w>'  # O_RDWR, inheritable
+
+
+# ---- 1. ioctl
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "100 ioctl(4<{root}/w>, 0x40049409, 3) = 0",  # FICLONE (XFS, from outside)
+        "100 ioctl(4<{root}/w>, 0x4020940d, {{src_fd=3, src_offset=0, src_length=4096,"
+        " dest_offset=0}}) = 0",  # FICLONERANGE
+        "100 ioctl(4<{root}/w>, 0xc0189436, {{src_offset=0, src_length=4096}}) = 0",
+        "100 ioctl(4<{root}/w>, 0x40086602, [0x80000]) = 0",  # FS_IOC_SETFLAGS (chattr)
+        "100 ioctl(4<{root}/w>, 0xc0ffee, 0x7ffd0) = 0",  # anything else
+    ],
+)
+def test_an_ioctl_that_may_change_a_file_in_the_tree_is_refused(tmp_path: Path, line: str) -> None:
+    """A reflink makes the file's bytes another file's with no write in the trace: main
+    did not even trace ioctl, and called such a save clean. Refused, saying what to do."""
+    rec = replay(tmp_path, [OPEN_W, line], {"w": b"GOOD" * 1024})
+    assert refused(rec) == ["w"]
+    why = rec.refusals[0][1]
+    assert why.startswith("cannot rebuild: ioctl (trace line 2): ioctl ")
+    assert "write the bytes" in why
+    if "0x40049409" in line:
+        assert "FICLONE (a reflink" in why
+
+
+def test_an_ioctl_that_changes_no_file_or_fails_or_reaches_outside_is_not_refused(
+    tmp_path: Path,
+) -> None:
+    """Python's isatty (TCGETS, failing), a failed FICLONE (cp --reflink=auto on ext4),
+    FS_IOC_GETFLAGS, a clone *out of* the tree and a GPU driver's ioctl change nothing
+    in it."""
+    rec = replay(
+        tmp_path,
+        [
+            OPEN_W,
+            "100 ioctl(4<{root}/w>, 0x5401, 0x7ffc) = -1 ENOTTY (Inappropriate ioctl for device)",
+            "100 ioctl(4<{root}/w>, 0x40049409, 3) = -1 EOPNOTSUPP (Operation not supported)",
+            "100 ioctl(4<{root}/w>, 0x80086601, [0x80000]) = 0",
+            "100 ioctl(4<{root}/w>, 0xc020660b, {{fm_start=0}}) = 0",  # FIEMAP
+            "100 ioctl(5</elsewhere/copy>, 0x40049409, 4) = 0",
+            "100 ioctl(6</dev/nvidiactl>, 0xc020462a, 0x7ffd0) = 0",
+        ],
+        {"w": b"GOOD"},
+    )
+    assert rec.refusals == []
+
+
+def test_fioclex_and_fionclex_mark_close_on_exec(tmp_path: Path) -> None:
+    """Python marks descriptors close-on-exec with ioctl(FIOCLEX): the execve drops them."""
+    rec = replay(
+        tmp_path,
+        [
+            OPEN_W,
+            '100 openat(-100<{root}>, "v", 0x80042, 0644) = 5<{root}/v>',  # O_CLOEXEC
+            "100 ioctl(4<{root}/w>, 0x5451) = 0",  # FIOCLEX
+            "100 ioctl(5<{root}/v>, 0x5450) = 0",  # FIONCLEX
+            '100 execve("/bin/true", [...], 0x7ffd /* 3 vars */) = 0',
+        ],
+    )
+    assert sorted(rec.tables[100]) == [5]
+
+
+def test_the_recorder_traces_ioctl_and_shows_the_descriptors_a_message_carries(
+    tmp_path: Path,
+) -> None:
+    """The recording itself: ioctl is traced, and recvmsg shows the SCM_RIGHTS
+    descriptors with their paths (strace abbreviates them to ``[...]`` otherwise)."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (tmp_path / "w.py").write_text(
+        "import array, fcntl, os, socket, sys\n"
+        "fd = os.open(os.path.join(sys.argv[1], 'w'), os.O_WRONLY | os.O_CREAT, 0o644)\n"
+        "fcntl.ioctl(fd, 0x80086601, array.array('l', [0]), True)\n"  # FS_IOC_GETFLAGS
+        "a, b = socket.socketpair()\n"
+        "socket.send_fds(a, [b'x'], [fd])\n"
+        "socket.recv_fds(b, 1, 1)\n"
+    )
+    trace = tmp_path / "trace"
+    status = record_command([sys.executable, str(tmp_path / "w.py"), str(root)], trace)
+    assert status == 0
+    calls = [c for c in read_calls(trace) if c.name in ("ioctl", "recvmsg") and c.ret is not None]
+    assert any(c.name == "ioctl" and c.args[0].endswith(f"<{root}/w>") for c in calls)
+    received = [c for c in calls if c.name == "recvmsg"]
+    assert received
+    assert "cmsg_data=[" in received[0].args[1]
+    assert f"<{root}/w>]" in received[0].args[1]
 
 
 # ---- 2. SCM_RIGHTS

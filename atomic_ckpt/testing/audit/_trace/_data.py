@@ -13,10 +13,24 @@ _MAP_SHARED = 0x1  # MAP_SHARED_VALIDATE (0x3) included
 _RWF_DSYNC, _RWF_SYNC, _RWF_APPEND, _RWF_NOAPPEND = 0x2, 0x4, 0x10, 0x20
 _RWF_KNOWN = 0x1 | 0x8 | 0x40 | 0x80 | _RWF_DSYNC | _RWF_SYNC | _RWF_APPEND | _RWF_NOAPPEND
 
+_FIONCLEX, _FIOCLEX = 0x5450, 0x5451
+_IOCTL_CHANGES_NOTHING = frozenset(
+    {0x5401, 0x5413, 0x541B, 0x5421, 0x5452}  # TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOASYNC
+    | {0x1, 0x2, 0x80086601, 0x80087601}  # FIBMAP, FIGETBSZ, FS_IOC_GETFLAGS, _GETVERSION
+    | {0xC020660B, 0x801C581F, 0x80081272, 0x1268}  # FIEMAP, FSGETXATTR, BLKGETSIZE64, BLKSSZGET
+)
+"""ioctl requests that change no file's bytes, names or durability."""
+_IOCTL_NAMES = {
+    0x40049409: "FICLONE (a reflink: the file's bytes become another file's)",
+    0x4020940D: "FICLONERANGE (a reflink of a range: its bytes become another file's)",
+    0xC0189436: "FIDEDUPERANGE (ranges shared with another file's)",
+    0x40086602: "FS_IOC_SETFLAGS (chattr: +S makes writes synchronous, +a append-only...)",
+}
+
 
 class _Data(_Replay):
     """write, writev, pwrite64, pwritev, pwritev2, read, readv, lseek, ftruncate, truncate,
-    fallocate, sendfile, copy_file_range, mmap (a writable shared mapping refused)."""
+    fallocate, sendfile, copy_file_range, mmap (a writable shared mapping refused), ioctl."""
 
     def _written(
         self,
@@ -185,6 +199,29 @@ class _Data(_Replay):
             self._refuse(call, "a copy to an explicit offset")
             return
         self._copied(call, self._file(call, 0), self._file(call, 2), call.args[1])
+
+    def _sys_ioctl(self, call: Call) -> None:
+        """FIOCLEX/FIONCLEX mark a descriptor close-on-exec or not; a request that changes
+        no file nothing; any other on a descriptor in the tree is refused (issue 29, gap
+        1: a reflink, FICLONE, makes a file's bytes another's without a write)."""
+        fd, request = fd_arg(call.args[0])[0], int_arg(call.args[1]) if len(call.args) > 1 else -1
+        if request in (_FIOCLEX, _FIONCLEX):
+            table = self._table(call.tid)
+            if fd in table:
+                table.put(fd, table[fd], request == _FIOCLEX)
+            return
+        if request in _IOCTL_CHANGES_NOTHING:
+            return
+        opened = self._file(call)
+        if opened is None or (opened.inode is None and not opened.path):
+            return  # a descriptor outside the tree (a clone out of it changes nothing here)
+        what = _IOCTL_NAMES.get(request, f"request {call.args[1]}")
+        self._refuse(
+            call,
+            f"ioctl {what} on {opened.path or '.'}: its effect on the file is not modelled; "
+            "write the bytes (write, copy_file_range) to audit this save",
+            opened.path or ".",
+        )
 
     def _sys_mmap(self, call: Call) -> None:
         """A shared mapping of a file under the tree through a descriptor open for writing
