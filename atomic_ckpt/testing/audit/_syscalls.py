@@ -21,6 +21,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "openat2": (MODELLED, "as openat"),
     "creat": (MODELLED, "open with O_CREAT|O_WRONLY|O_TRUNC"),
     "open_by_handle_at": (REFUSED, "opens a file by handle, not by a name the replay can place"),
+    "name_to_handle_at": (IGNORED, "reads a file's handle (opening by it is refused)"),
     "close": (MODELLED, "the descriptor leaves its table"),
     "close_range": (MODELLED, "the range leaves its table (CLOSE_RANGE_CLOEXEC: marked)"),
     "dup": (MODELLED, "the new descriptor shares the open file (and its offset)"),
@@ -60,8 +61,10 @@ TABLE: dict[str, tuple[str, str]] = {
     "ftruncate": (MODELLED, "as truncate"),
     "fallocate": (MODELLED, "extends as truncate, punches or zeroes a range; other modes refused"),
     "sendfile": (MODELLED, "a copy; the source's bytes (inside the tree, or read from outside)"),
-    "copy_file_range": (MODELLED, "as sendfile; an explicit target offset is refused"),
+    "copy_file_range": (MODELLED, "as sendfile (an explicit target offset: as pwrite64)"),
     "splice": (REFUSED, "bytes from a pipe, which the trace does not dump"),
+    "tee": (IGNORED, "reads a pipe into a pipe, never a file"),
+    "vmsplice": (IGNORED, "memory into a pipe or a pipe read into memory, never a file"),
     "mmap": (MODELLED, "private or read-only: nothing; shared through a writable fd: refused"),
     "mremap": (REFUSED, "a moved mapping of a file in the tree"),
     "munmap": (IGNORED, "ends a mapping (one through a writable descriptor was refused)"),
@@ -116,6 +119,9 @@ TABLE: dict[str, tuple[str, str]] = {
     "io_uring_setup": (REFUSED, "io_uring operations are invisible to the trace"),
     "io_uring_enter": (REFUSED, "io_uring operations are invisible to the trace"),
     "io_uring_register": (REFUSED, "io_uring operations are invisible to the trace"),
+    "io_submit": (REFUSED, "Linux AIO writes and fsyncs (libaio) are invisible to the trace"),
+    "acct": (REFUSED, "process accounting appends a record to the file at each process exit"),
+    "swapon": (REFUSED, "the kernel writes swapped-out memory into the file"),
     # attributes: the crash states hold names and contents, not modes, owners or times
     "chmod": (IGNORED, "permissions are not part of the crash states"),
     "fchmod": (IGNORED, "as chmod"),
@@ -134,7 +140,8 @@ TABLE: dict[str, tuple[str, str]] = {
 }
 
 WORKLOAD_WIDE = frozenset(
-    {"io_uring_setup", "io_uring_enter", "io_uring_register", "chroot", "pivot_root", "setns"}
+    {"io_uring_setup", "io_uring_enter", "io_uring_register", "io_submit"}
+    | {"chroot", "pivot_root", "setns"}
     | {"mount", "umount2", "move_mount", "open_tree", "fsmount", "mount_setattr"}
 )
 """Refused wherever they point: what they do may reach the tree by any path."""

@@ -17,6 +17,7 @@ from _audit_scripts import needs_strace
 
 from atomic_ckpt.testing._sparse import freeze
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, split_args
+from atomic_ckpt.testing.audit._syscalls import REFUSED, TABLE, TRACED, WORKLOAD_WIDE
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 pytestmark = needs_strace
@@ -220,3 +221,76 @@ def test_an_execve_from_a_thread_keeps_that_threads_table(
     assert rec.refusals == []
     # the leader's unfinished read never returned: nothing was glued to the execve
     assert freeze(rec.content[rec.inodes[0].entries["a"]]) == b"a"
+
+
+# ---- the same class: calls that can change a file, a name or durability
+
+
+def test_the_allow_list_traces_every_call_of_the_class() -> None:
+    """Each call that can change a file's bytes, a name or durability, or hand over a
+    descriptor, is in the table (so traced), modelled or refused; main traced none of
+    these."""
+    for name in ("ioctl", "recvmsg", "recvmmsg", "pidfd_getfd", "io_submit", "acct", "swapon"):
+        assert name in TRACED.split(","), name
+    assert TABLE["io_submit"][0] == REFUSED
+    assert "io_submit" in WORKLOAD_WIDE
+
+
+@pytest.mark.parametrize(
+    ("line", "paths"),
+    [
+        ("100 io_submit(0x7f12, 1, [0x5580]) = 1", ["io_submit"]),  # anywhere: iocbs unseen
+        ('100 acct("{root}/log") = 0', ["log"]),
+        ('100 acct("/var/log/account/pacct") = 0', []),
+        ('100 swapon("{root}/swap", 0) = 0', ["swap"]),
+        ("100 pidfd_getfd(5<anon_inode:[pidfd]>, 4, 0) = 6<{root}/w>", ["w"]),
+        ("100 pidfd_getfd(5<anon_inode:[pidfd]>, 4, 0) = 6</elsewhere/x>", []),
+        ("100 fallocate(4<{root}/w>, 0x8, 0, 4096) = 0", ["w"]),  # COLLAPSE_RANGE
+        ("100 fallocate(4<{root}/w>, 0x20, 0, 4096) = 0", ["w"]),  # INSERT_RANGE
+        ("100 fallocate(4<{root}/w>, 0x40, 0, 4096) = 0", ["w"]),  # UNSHARE_RANGE
+        ("100 splice(7<pipe:[1]>, NULL, 4<{root}/w>, [0], 4, 0) = 4", ["w"]),
+        ("100 copy_file_range(7</elsewhere/x>, NULL, 4<{root}/w>, 0x7ffd, 4, 0) = 4", ["w"]),
+    ],
+)
+def test_a_call_of_the_class_on_the_tree_is_refused(
+    tmp_path: Path, line: str, paths: list[str]
+) -> None:
+    """Refused when it reaches the tree (io_submit wherever it points), never dropped."""
+    rec = replay(tmp_path, [OPEN_W, line], {"w": b"GOOD" * 1024})
+    assert refused(rec) == paths, rec.refusals
+
+
+def test_copy_file_range_to_an_explicit_offset_is_a_write_there(tmp_path: Path) -> None:
+    """``copy_file_range(s, [1], d, [5], 3)`` writes s[1:4] at d[5:8], d's offset unmoved
+    (main refused it)."""
+    rec = replay(
+        tmp_path,
+        [
+            '100 openat(-100<{root}>, "s", 0x0) = 3<{root}/s>',
+            OPEN_W,
+            "100 copy_file_range(3<{root}/s>, [1], 4<{root}/w>, [5], 3, 0) = 3",
+            '100 write(4<{root}/w>, ""..., 1) = 1',
+            " | 00000  5a                                                Z                |",
+        ],
+        {"s": b"abcdef", "w": b"0123456789"},
+    )
+    assert rec.refusals == []
+    rec._flush()
+    assert freeze(rec.content[rec.inodes[0].entries["w"]]) == b"Z1234bcd89"
+
+
+@pytest.mark.parametrize(
+    ("mode", "after"),
+    [("0x3", b"01\0\0\x0056789"), ("0x10", b"01\0\0\x0056789"), ("0x11", b"01\0\0\x0056789")],
+    ids=["punch-hole", "zero-range", "zero-range-keep-size"],
+)
+def test_fallocate_punch_and_zero_are_modelled(tmp_path: Path, mode: str, after: bytes) -> None:
+    """PUNCH_HOLE|KEEP_SIZE and ZERO_RANGE zero the range (as each crash state has it)."""
+    rec = replay(
+        tmp_path,
+        [OPEN_W, f"100 fallocate(4<{{root}}/w>, {mode}, 2, 3) = 0"],
+        {"w": b"0123456789"},
+    )
+    assert rec.refusals == []
+    rec._flush()
+    assert freeze(rec.content[rec.inodes[0].entries["w"]]) == after

@@ -12,7 +12,6 @@ _FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x1, 0x2, 0x10
 _MAP_SHARED = 0x1  # MAP_SHARED_VALIDATE (0x3) included
 _RWF_DSYNC, _RWF_SYNC, _RWF_APPEND, _RWF_NOAPPEND = 0x2, 0x4, 0x10, 0x20
 _RWF_KNOWN = 0x1 | 0x8 | 0x40 | 0x80 | _RWF_DSYNC | _RWF_SYNC | _RWF_APPEND | _RWF_NOAPPEND
-
 _FIONCLEX, _FIOCLEX = 0x5450, 0x5451
 _IOCTL_CHANGES_NOTHING = frozenset(
     {0x5401, 0x5413, 0x541B, 0x5421, 0x5452}  # TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOASYNC
@@ -150,11 +149,20 @@ class _Data(_Replay):
         elif not mode & _FALLOC_KEEP_SIZE and offset + length > size:
             self._truncated(opened.inode, opened.path, offset + length, "fallocate")
 
-    def _copied(self, call: Call, source: _Open | None, target: _Open | None, offset: str) -> None:
+    def _copied(
+        self,
+        call: Call,
+        source: _Open | None,
+        target: _Open | None,
+        offset: str,
+        at: int | None = None,
+    ) -> None:
+        """A copy of ``call.ret`` bytes from ``source`` (at ``offset``: ``[N]`` or its
+        own) to ``target`` (at ``at``, or its own offset)."""
         if target is None or target.inode is None:
             return
         if source is not None and source.inode is None and source.outside is not None:
-            self._copied_in(call, source, target, offset)
+            self._copied_in(call, source, target, offset, at)
             return
         if source is None or source.inode is None or self.inodes[source.inode].kind != "file":
             self._refuse(call, "a copy from a source the trace cannot place", target.path)
@@ -169,9 +177,11 @@ class _Data(_Replay):
             self.unseen.setdefault(target.path, f"{call.name} from an unknown offset")
             return
         call.data = bytearray(read(self.content[source.inode], start, call.ret or 0))
-        self._written(call, target, None)
+        self._written(call, target, at)
 
-    def _copied_in(self, call: Call, source: _Open, target: _Open, offset: str) -> None:
+    def _copied_in(
+        self, call: Call, source: _Open, target: _Open, offset: str, at: int | None
+    ) -> None:
         """A copy from a file outside the tree (shutil.copy's sendfile): its bytes are read
         from that file now, right after the run; the final-tree check catches a change."""
         assert source.outside is not None
@@ -189,16 +199,26 @@ class _Data(_Replay):
         if start < 0 or len(call.data) != call.ret:
             self._refuse(call, f"the source {source.outside} changed after the copy", target.path)
             return
-        self._written(call, target, None)
+        self._written(call, target, at)
 
     def _sys_sendfile(self, call: Call) -> None:
         self._copied(call, self._file(call, 1), self._file(call, 0), call.args[2])
 
     def _sys_copy_file_range(self, call: Call) -> None:
-        if call.args[3] not in ("NULL",):
-            self._refuse(call, "a copy to an explicit offset")
+        """As sendfile; an explicit target offset (``[N] => [M]``) writes at N, the
+        target's own offset unmoved."""
+        given = re.match(r"\[(\d+)\]", call.args[3])
+        target = self._file(call, 2)
+        if call.args[3] != "NULL" and given is None:
+            if target is not None and (target.inode is not None or target.path):
+                self._refuse(
+                    call,
+                    f"a copy to an offset the trace does not show ({call.args[3]})",
+                    target.path or ".",
+                )
             return
-        self._copied(call, self._file(call, 0), self._file(call, 2), call.args[1])
+        at = None if given is None else int(given[1])
+        self._copied(call, self._file(call, 0), target, call.args[1], at)
 
     def _sys_ioctl(self, call: Call) -> None:
         """FIOCLEX/FIONCLEX mark a descriptor close-on-exec or not; a request that changes
