@@ -1,5 +1,5 @@
 """Replay of the descriptor calls: open, openat, openat2, creat, close, close_range, dup,
-dup2, dup3, fcntl, ioctl FIOCLEX, execve (close-on-exec), recvmsg (SCM_RIGHTS)."""
+dup2, dup3, fcntl, execve (close-on-exec), recvmsg (SCM_RIGHTS)."""
 
 from __future__ import annotations
 
