@@ -245,6 +245,11 @@ def test_the_allow_list_traces_every_call_of_the_class() -> None:
         ('100 swapon("{root}/swap", 0) = 0', ["swap"]),
         ("100 pidfd_getfd(5<anon_inode:[pidfd]>, 4, 0) = 6<{root}/w>", ["w"]),
         ("100 pidfd_getfd(5<anon_inode:[pidfd]>, 4, 0) = 6</elsewhere/x>", []),
+        (
+            "100 open_by_handle_at(3</>, {{handle_bytes=8, handle_type=0x1}}, 0x2) = 5<{root}/w>",
+            ["w"],
+        ),
+        ('100 name_to_handle_at(-100</>, "{root}/w", {{handle_bytes=8}}, [1], 0) = 0', []),
         ("100 fallocate(4<{root}/w>, 0x8, 0, 4096) = 0", ["w"]),  # COLLAPSE_RANGE
         ("100 fallocate(4<{root}/w>, 0x20, 0, 4096) = 0", ["w"]),  # INSERT_RANGE
         ("100 fallocate(4<{root}/w>, 0x40, 0, 4096) = 0", ["w"]),  # UNSHARE_RANGE
