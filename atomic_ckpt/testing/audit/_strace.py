@@ -108,6 +108,9 @@ class Call:
     former: int | None = None
     """For an execve made by a thread other than its process's leader: that thread's id
     (the kernel gives it the leader's, ``tid``, and ends every other thread)."""
+    unfinished: bool = False
+    """It never returned (``= ?``, or left unfinished by another thread's execve): its
+    process was ended inside it, and what it did, if anything, the trace cannot tell."""
 
 
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
@@ -214,6 +217,15 @@ def _decode_dump(hexpart: str, into: bytearray) -> None:
     into += bytes.fromhex("".join(hexpart.split()))
 
 
+def _never_returned(tid: int, head: tuple[str, int] | None) -> Iterator[Call]:
+    """A call of ``tid`` left unfinished when another thread's execve ended it."""
+    if head is None or "(" not in head[0]:
+        return
+    paren = head[0].index("(")
+    args = split_args(head[0][paren + 1 :])[0]
+    yield Call(tid, head[0][:paren], args, None, line=head[1], start=head[1], unfinished=True)
+
+
 def read_calls(trace: Path) -> Iterator[Call]:
     """The completed calls of a trace file, in completion order."""
     pending: dict[int, tuple[str, int]] = {}
@@ -245,12 +257,12 @@ def read_calls(trace: Path) -> Iterator[Call]:
                 # "T execve(...) <pid changed to L ...>": thread T's execve succeeded and
                 # T is now L, its process's leader ("<... execve resumed>" under L follows)
                 tid, former, text = int(changed[1]), tid, text[: changed.start()] + ") = 0"
-                pending.pop(tid, None)  # the leader's unfinished call never returns
+                yield from _never_returned(tid, pending.pop(tid, None))
             elif superseded is not None:
                 # older strace: "L +++ superseded by execve in thread T +++", T's execve
                 # left unfinished: it returns in L
                 head = pending.pop(int(superseded[1]), None)
-                pending.pop(tid, None)
+                yield from _never_returned(tid, pending.pop(tid, None))
                 if head is None or not head[0].startswith("execve"):
                     continue
                 former, text, start = int(superseded[1]), head[0] + ") = 0", head[1]
@@ -272,5 +284,6 @@ def read_calls(trace: Path) -> Iterator[Call]:
                 ret = int(rm[1], 0)
                 ret_path = unescape(rm[2]) if rm[2] is not None else None
             last = Call(tid, name, args, ret, ret_path, line=number, start=start, former=former)
+            last.unfinished = rm is not None and rm[1] == "?"
     if last is not None:
         yield last

@@ -299,3 +299,40 @@ def test_fallocate_punch_and_zero_are_modelled(tmp_path: Path, mode: str, after:
     assert rec.refusals == []
     rec._flush()
     assert freeze(rec.content[rec.inodes[0].entries["w"]]) == after
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [  # killed inside a write (strace: "= ?"): 24 MiB of 512 were on disk
+            '101 write(4<{root}/w>, ""..., 536870912) = ?',
+            "101 +++ killed by SIGKILL +++",
+        ],
+        [  # ended inside a write by another thread's execve
+            '100 write(4<{root}/w>, ""..., 536870912 <unfinished ...>',
+            '101 execve("/bin/true", [...], 0x7ffd /* 3 vars */ <pid changed to 100 ...>',
+            "100 +++ superseded by execve in pid 101 +++",
+            "100 <... execve resumed>) = 0",
+        ],
+    ],
+    ids=["killed", "superseded"],
+)
+def test_a_change_that_never_returned_is_refused(tmp_path: Path, lines: list[str]) -> None:
+    """Its process was ended inside it: some of its bytes may be on disk (the kernel
+    stops a write at a fatal signal, keeping what it copied). Main dropped it, so a later
+    rewrite hid the partial bytes from every crash state."""
+    rec = replay(tmp_path, [OPEN_W, *lines, "100 ftruncate(4<{root}/w>, 0) = 0"], {"w": b""})
+    assert refused(rec) == ["w"]
+    assert "never returned" in rec.refusals[0][1]
+
+
+def test_a_sync_or_a_read_that_never_returned_is_not_refused(tmp_path: Path) -> None:
+    """An fsync that never returned is taken as not made (the pessimistic side); a read
+    changes nothing."""
+    rec = replay(
+        tmp_path,
+        [OPEN_W, "101 fsync(4<{root}/w>) = ?", '101 read(4<{root}/w>, ""..., 10) = ?'],
+        {"w": b"GOOD"},
+    )
+    assert rec.refusals == []
+    assert synced(rec) == []

@@ -50,6 +50,10 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
                 if call.name in WORKLOAD_WIDE or touched is not None:
                     self._refuse(call, why, touched)
                 continue
+            if call.ret is None and call.unfinished and call.name in _CHANGES:
+                touched = self._touched(call)
+                if touched is not None:
+                    self._refuse(call, _NEVER_RETURNED, touched)
             if call.ret is None or how == IGNORED:
                 continue
             self.calls += 1
@@ -59,6 +63,19 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
 
 
 _SYNCS = frozenset({"fsync", "fdatasync"})
+_CHANGES = frozenset(
+    {"write", "writev", "pwrite64", "pwritev", "pwritev2", "truncate", "ftruncate"}
+    | {"fallocate", "sendfile", "copy_file_range", "open", "openat", "openat2", "creat"}
+    | {"mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2"}
+    | {"link", "linkat", "symlink", "symlinkat"}
+)
+"""The modelled calls that change a file or a name (a sync that never returned is taken
+as not made: the pessimistic side)."""
+_NEVER_RETURNED = (
+    "it never returned (its process was ended inside it, by a signal or another thread's "
+    "execve), so whether and how much of it took effect cannot be told; let the process "
+    "finish its writes before it is ended"
+)
 
 
 def in_canonical_order(calls: Iterable[Call]) -> Iterator[Call]:
