@@ -23,7 +23,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "open_by_handle_at": (REFUSED, "opens a file by handle, not by a name the replay can place"),
     "name_to_handle_at": (IGNORED, "reads a file's handle (opening by it is refused)"),
     "close": (MODELLED, "the descriptor leaves its table"),
-    "close_range": (MODELLED, "the range leaves its table (CLOSE_RANGE_CLOEXEC: marked)"),
+    "close_range": (
+        MODELLED,
+        "the range leaves its table (CLOSE_RANGE_CLOEXEC: marked; CLOSE_RANGE_UNSHARE: the "
+        "thread's own copy first)",
+    ),
     "dup": (MODELLED, "the new descriptor shares the open file (and its offset)"),
     "dup2": (MODELLED, "as dup"),
     "dup3": (MODELLED, "as dup (O_CLOEXEC: close-on-exec)"),

@@ -336,3 +336,27 @@ def test_a_sync_or_a_read_that_never_returned_is_not_refused(tmp_path: Path) -> 
     )
     assert rec.refusals == []
     assert synced(rec) == []
+
+
+def test_close_range_unshare_closes_only_the_calling_threads_copy(tmp_path: Path) -> None:
+    """close_range(CLOSE_RANGE_UNSHARE) unshares the table first: another thread's
+    descriptor stays open, and its fsync is of its own file (main closed it for every
+    thread, and placed the fsync by path)."""
+    rec = replay(
+        tmp_path,
+        [
+            OPEN_W,
+            "100 clone3({{flags=0x3d0f00, exit_signal=0}}, 88) = 101",
+            "101 close_range(3, 4294967295, 0x2) = 0",
+            '101 openat(-100<{root}>, "v", 0x41, 0644) = 4<{root}/v>',
+            "100 lseek(4<{root}/w>, 2, 0) = 2",
+            "100 ioctl(4<{root}/w>, 0x5451) = 0",  # FIOCLEX on the leader's own
+        ],
+        {"w": b"GOOD"},
+    )
+    assert rec.tables[100][4].path == "w"
+    assert rec.tables[100][4].pos == 2
+    assert sorted(rec.tables[101]) == [4]
+    assert rec.tables[101][4].path == "v"
+    assert 4 in rec.tables[100].cloexec
+    assert 4 not in rec.tables[101].cloexec

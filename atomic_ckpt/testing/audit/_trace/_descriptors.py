@@ -11,7 +11,7 @@ from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
 from atomic_ckpt.testing.audit._trace._model import _Open, _Replay, _Table
 
 _F_DUPFD, _F_DUPFD_CLOEXEC, _F_SETFD, _F_SETFL, _FD_CLOEXEC = 0, 1030, 2, 4, 1
-_CLOSE_RANGE_CLOEXEC = 4
+_CLOSE_RANGE_UNSHARE, _CLOSE_RANGE_CLOEXEC = 2, 4
 _O_TMPFILE = 0o20000000  # __O_TMPFILE (O_TMPFILE adds O_DIRECTORY)
 _SCM_RIGHTS = re.compile(
     r"cmsg_level=(?:0x1|SOL_SOCKET), cmsg_type=(?:0x1|SCM_RIGHTS), "
@@ -83,10 +83,15 @@ class _Descriptors(_Replay):
         self._table(call.tid).drop(fd_arg(call.args[0])[0])
 
     def _sys_close_range(self, call: Call) -> None:
+        """CLOSE_RANGE_UNSHARE first gives the calling thread a table of its own (the
+        other threads keep theirs whole); CLOSE_RANGE_CLOEXEC only marks the range."""
         first, last = int_arg(call.args[0]), int_arg(call.args[1])
+        flags = int_arg(call.args[2]) if len(call.args) > 2 else 0
         table = self._table(call.tid)
+        if flags & _CLOSE_RANGE_UNSHARE:
+            table = self.tables[call.tid] = _Table(table, table.cloexec)
         for fd in [fd for fd in table if first <= fd <= (last if last >= 0 else 2**32)]:
-            if len(call.args) > 2 and int_arg(call.args[2]) & _CLOSE_RANGE_CLOEXEC:
+            if flags & _CLOSE_RANGE_CLOEXEC:
                 table.cloexec.add(fd)  # only marked close-on-exec
             else:
                 table.drop(fd)
