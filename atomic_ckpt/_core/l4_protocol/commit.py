@@ -187,6 +187,7 @@ class Commit(JoinedBlocks):
         try:
             check_own_aliases(self.name, self.aliases)
             self._check_staging()
+            _stage.check_marker_free(self.path)
             metadata = check_metadata(self.metadata)
             manifest = self._protocol(files, metadata)
         except BaseException as exc:
