@@ -65,6 +65,18 @@ def test_a_resume_with_nothing_else_names_it(tmp_path: Path) -> None:
     _kept(step5)
 
 
+def test_a_resume_stops_at_it_above_the_newest_complete_step(tmp_path: Path) -> None:
+    """Step 3 is complete, step 5 above it has a directory as marker: the resume refuses
+    (as at a moved checkpoint), since training on from 3 would reach 5, whose commit is
+    refused. It used to resume from 3 with a warning."""
+    ckpts, step5 = _root_with_marker_dir(tmp_path)
+    with pytest.raises(UnusableCheckpointsError, match="is a directory") as caught:
+        ckpts.resume_point()
+    assert caught.value.paths == (step5,)
+    assert "above step 3" in str(caught.value)
+    _kept(step5)
+
+
 def test_mark_complete_refuses_it_and_changes_nothing(tmp_path: Path) -> None:
     """mark_complete raised a bare IsADirectoryError from the marker's rename."""
     ckpts, step5 = _root_with_marker_dir(tmp_path)

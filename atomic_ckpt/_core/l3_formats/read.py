@@ -72,6 +72,8 @@ class Entry:
     ``newer_format``: invalid only because a newer atomic_ckpt wrote its marker.
     ``moved``: invalid only because its complete manifest records another step (or
     none: a named checkpoint), as a checkpoint moved or copied there by hand has.
+    ``marker_dir``: invalid because a directory sits where its marker goes (kept: a
+    commit over it is refused, and a resume stops at it, as at a moved one).
     """
 
     name: str
@@ -82,6 +84,7 @@ class Entry:
     problem: str | None = None
     newer_format: bool = False
     moved: bool = False
+    marker_dir: bool = False
 
 
 # ---------------------------------------------------------------- one marker
@@ -206,8 +209,16 @@ def classify(path: Path, step: int, *, body: bool = True) -> Entry:
     try:
         manifest = read_marker(path, body=body)
     except ManifestError as exc:
-        newer = isinstance(exc, NewerFormatError)
-        return Entry(path.name, path, step, "invalid", problem=str(exc), newer_format=newer)
+        newer, folder = isinstance(exc, NewerFormatError), isinstance(exc, MarkerIsDirectoryError)
+        return Entry(
+            path.name,
+            path,
+            step,
+            "invalid",
+            problem=str(exc),
+            newer_format=newer,
+            marker_dir=folder,
+        )
     except OSError as exc:
         return Entry(path.name, path, step, "invalid", problem=f"cannot read marker: {exc}")
     if manifest is None:
