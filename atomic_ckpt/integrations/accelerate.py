@@ -102,13 +102,16 @@ def save_state(
     *,
     metadata: Mapping[str, Any] | None = None,
     retain: RetentionPolicy | None = None,
+    replace_unusable: bool = False,
     **kwargs: Any,
 ) -> Path:
     """``accelerator.save_state()`` committed as ``step`` of ``ckpts``; call it on every
     process. Returns the checkpoint's path once it is durable (on every process).
 
     ``metadata`` goes into the manifest (rank 0's), ``retain`` is applied once the commit is
-    durable, other keyword arguments go to ``Accelerator.save_state``. If any process
+    durable, ``replace_unusable`` is as for ``CheckpointDir.commit`` (a checkpoint a newer
+    release wrote, or one moved to the step's name by hand, is refused unless it is given),
+    other keyword arguments go to ``Accelerator.save_state``. If any process
     raises, every process raises and nothing is promoted.
     """
     _check_shared(accelerator)
@@ -116,9 +119,11 @@ def save_state(
     meta = {**(metadata or {}), ITERATION_KEY: config.iteration + 1}
     commit: contextlib.AbstractContextManager[Path]
     if _several(accelerator):
-        commit = distributed_commit(ckpts, step, metadata=meta, retain=retain)
+        commit = distributed_commit(
+            ckpts, step, metadata=meta, retain=retain, replace_unusable=replace_unusable
+        )
     else:
-        commit = ckpts.commit(step, metadata=meta, retain=retain)
+        commit = ckpts.commit(step, metadata=meta, retain=retain, replace_unusable=replace_unusable)
     with _manual_naming(accelerator), commit as path:
         accelerator.save_state(str(path), **kwargs)
     return ckpts.path_of(step)

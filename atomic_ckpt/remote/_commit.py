@@ -10,7 +10,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, SupportsIndex
 
-from atomic_ckpt import CheckpointDir, CommitStateError, FileEntry, RetentionPolicy
+from atomic_ckpt import (
+    MARKER,
+    CheckpointDir,
+    CommitStateError,
+    FileEntry,
+    MarkerIsDirectoryError,
+    RetentionPolicy,
+)
 from atomic_ckpt.remote import _protocol
 from atomic_ckpt.remote._protocol import RemoteCheckpoint
 from atomic_ckpt.remote._store import Store
@@ -89,6 +96,15 @@ class RemoteCommit:
             raise CommitStateError("this commit was already published or aborted")
         self._done = True
         rdir = self._rdir
+        marker = directory / MARKER
+        if marker.is_dir() and not marker.is_symlink():  # the walk would leave it out, silently
+            raise MarkerIsDirectoryError(
+                f"the save wrote a directory named {MARKER} in {directory}: that name is "
+                "reserved for atomic_ckpt's marker file. Nothing was uploaded; give the "
+                "directory another name in the save",
+                path=marker,
+                step=self.step,
+            )
         entries: list[FileEntry] = rdir._local.sync_tree(directory)
         done = _protocol.publish(
             rdir._store,

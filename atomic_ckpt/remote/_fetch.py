@@ -71,6 +71,17 @@ def download(store: Store, ckpt: RemoteCheckpoint, name: str, into: Path, *, dur
             step=ckpt.step,
             problems=(f"{ckpt.url}: {why}",),
         )
+    # An upload leaves the marker out: an entry under its name (a foreign or hand-edited
+    # manifest) would collide with the marker written below, or be overwritten by it.
+    for e in m.files:
+        if e.path.split("/", 1)[0] == MARKER:
+            why = f"its manifest records {e.path!r}, under the name of the marker a fetch writes"
+            raise VerificationError(
+                f"{ckpt.url}: {why}. No upload of atomic_ckpt writes that: nothing was "
+                "downloaded; commit the checkpoint again from a good copy",
+                step=ckpt.step,
+                problems=(f"{ckpt.url}: {why}",),
+            )
     prefix = _protocol.data_prefix(name, ckpt.attempt)
     files = [e for e in m.files if e.type == "file"]
     for e in m.files:

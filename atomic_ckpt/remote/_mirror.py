@@ -12,9 +12,15 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, SupportsIndex
+from typing import Any, NamedTuple, SupportsIndex
 
-from atomic_ckpt import AsyncCommitter, CheckpointDir, CommitterClosedError, RetentionPolicy
+from atomic_ckpt import (
+    AsyncCommitter,
+    CheckpointDir,
+    CommitterClosedError,
+    RetentionPolicy,
+    StepConflictError,
+)
 from atomic_ckpt._core.l5_facade.closing import ClosesOnExit
 from atomic_ckpt.remote._dir import RemoteCheckpointDir
 from atomic_ckpt.remote._protocol import RemoteCheckpoint
@@ -64,6 +70,11 @@ class Mirror(ClosesOnExit):
     raised by the next ``commit``, ``mirror``, ``wait`` or ``close`` (before any new
     work starts); one that nothing raised makes the process exit with status 1,
     naming the step the remote lacks. ``retain`` is applied to the remote after each upload.
+
+    An upload over a remote step that holds a checkpoint this release must not lose (a
+    newer release's, or one copied there from another step) is refused, as a remote
+    commit is; ``replace_unusable=True`` on :meth:`commit` or :meth:`mirror` replaces it
+    knowingly, for that call's step only.
     """
 
     _closing_what = "the mirror"
@@ -82,7 +93,7 @@ class Mirror(ClosesOnExit):
         self._retain = retain
         self._snapshot_dir = Path(snapshot_dir) if snapshot_dir else remote.staging_dir
         self._cond = threading.Condition()
-        self._pending: tuple[int, Path, Mapping[str, Any]] | None = None
+        self._pending: _Queued | None = None
         self._current: int | None = None
         self._busy = False
         self._error: BaseException | None = None
@@ -109,17 +120,24 @@ class Mirror(ClosesOnExit):
 
     @contextlib.contextmanager
     def commit(
-        self, step: SupportsIndex, *, metadata: Mapping[str, Any] | None = None
+        self,
+        step: SupportsIndex,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        replace_unusable: bool = False,
     ) -> Iterator[Path]:
         """``local.commit(step)``, then queue the checkpoint for upload. Raises a failed
-        upload's error first (and then commits nothing)."""
+        upload's error first (and then commits nothing). ``replace_unusable`` as for
+        ``CheckpointDir.commit``, for the local commit and the upload both."""
         self._raise_failure(new_work=True)
-        with self.local.commit(step, metadata=metadata) as path:
+        with self.local.commit(step, metadata=metadata, replace_unusable=replace_unusable) as path:
             yield path
-        self.mirror(step)
+        self.mirror(step, replace_unusable=replace_unusable)
 
-    def mirror(self, step: SupportsIndex) -> None:
-        """Queue the local complete checkpoint of ``step`` for upload."""
+    def mirror(self, step: SupportsIndex, *, replace_unusable: bool = False) -> None:
+        """Queue the local complete checkpoint of ``step`` for upload. ``replace_unusable``
+        as for ``RemoteCheckpointDir.upload`` (the refusal is the upload's error, raised by
+        the next call)."""
         self._raise_failure(new_work=True)
         ckpt = self.local.get(step)
         snapshot = _snapshot(ckpt.path, self._snapshot_dir)
@@ -128,7 +146,9 @@ class Mirror(ClosesOnExit):
                 old = self._pending[0]
                 log.info("mirror: step %d superseded by %d before its upload", old, ckpt.step)
                 shutil.rmtree(self._pending[1], ignore_errors=True)
-            self._pending = (ckpt.step, snapshot, dict(ckpt.manifest.metadata))
+            self._pending = _Queued(
+                ckpt.step, snapshot, dict(ckpt.manifest.metadata), replace_unusable
+            )
             if not self._busy:
                 # A thread per burst of work, not one idling forever: nothing keeps the
                 # interpreter from exiting once the uploads are done. Not a daemon: an
@@ -172,15 +192,23 @@ class Mirror(ClosesOnExit):
                     self._current = None
                     self._cond.notify_all()
                     return
-                step, snapshot, metadata = self._pending
+                step, snapshot, metadata, replace = self._pending
                 self._pending = None
                 self._current = step
             try:
-                done = self.remote.upload(step, snapshot, metadata=metadata)
+                done = self.remote.upload(
+                    step, snapshot, metadata=metadata, replace_unusable=replace
+                )
                 if self._retain is not None:
                     self.remote.retain(self._retain)
             except BaseException as exc:
                 exc.add_note(f"atomic_ckpt: raised by the mirror upload of step {step}")
+                # Only for the refusal that names the option, not for a racing writer.
+                if isinstance(exc, StepConflictError) and "replace_unusable" in str(exc):
+                    exc.add_note(
+                        "atomic_ckpt: to replace it knowingly through this Mirror, call "
+                        f"mirror.mirror({step}, replace_unusable=True)"
+                    )
                 log.error("mirror upload of step %d failed: %r", step, exc)
                 with self._cond:
                     self._error = exc
@@ -190,6 +218,15 @@ class Mirror(ClosesOnExit):
                     self._uploaded.append(done)
             finally:
                 shutil.rmtree(snapshot, ignore_errors=True)
+
+
+class _Queued(NamedTuple):
+    """A step waiting for its upload: its snapshot, metadata and the caller's choice."""
+
+    step: int
+    snapshot: Path
+    metadata: Mapping[str, Any]
+    replace_unusable: bool
 
 
 def _snapshot(source: Path, parent: Path) -> Path:

@@ -72,7 +72,34 @@ def _promote(ckpts: CheckpointDir, replace: bool) -> None:
         raise
 
 
+def _accelerate(ckpts: CheckpointDir, replace: bool) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    from atomic_ckpt.integrations.accelerate import save_state
+
+    # It took no replace_unusable: the refusal named an option that went on, through
+    # **kwargs, to Accelerator.save_state (a TypeError).
+    save_state(Accelerator(cpu=True), ckpts, 5, replace_unusable=replace)
+
+
+def _mirror(ckpts: CheckpointDir, replace: bool) -> None:
+    import uuid
+
+    from atomic_ckpt.remote import Mirror, RemoteCheckpointDir
+
+    remote = RemoteCheckpointDir(
+        f"memory://atomic-{uuid.uuid4().hex}", staging_dir=ckpts.root.parent / "mirror"
+    )
+    with Mirror(ckpts, remote) as mirror, mirror.commit(5, replace_unusable=replace) as path:
+        _write(path)
+    assert remote.steps() == [5]
+
+
 ENTRY_POINTS: dict[str, Callable[[CheckpointDir, bool], None]] = {
+    "accelerate.save_state": _accelerate,
+    "Mirror.commit": _mirror,
     "AsyncCommitter.save": _async,
     "distributed_commit": _distributed,
     "rank0_commit": _rank0,

@@ -71,6 +71,11 @@ class NewerFormatError(ManifestError):
     newer release, and likely complete (upgrade to read it)."""
 
 
+class MarkerIsDirectoryError(ManifestError, IsADirectoryError):
+    """A directory, not a file, where a checkpoint's marker goes (``path``): the step is
+    unusable until it is moved out. Nothing in it is ever deleted unasked."""
+
+
 class VerificationError(CheckpointError, OSError):
     """A checkpoint's files do not match its manifest (missing, wrong size or checksum).
 

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from atomic_ckpt._core.l1_names.errors import ManifestError, NewerFormatError
+from atomic_ckpt._core.l1_names.errors import (
+    ManifestError,
+    MarkerIsDirectoryError,
+    NewerFormatError,
+)
 from atomic_ckpt._core.l1_names.names import MARKER, TMP_INFIX, parse_step, parse_tmp
 from atomic_ckpt._core.l3_formats.manifest import (
     MAGIC,
@@ -68,6 +72,8 @@ class Entry:
     ``newer_format``: invalid only because a newer atomic_ckpt wrote its marker.
     ``moved``: invalid only because its complete manifest records another step (or
     none: a named checkpoint), as a checkpoint moved or copied there by hand has.
+    ``marker_dir``: invalid because a directory sits where its marker goes (kept: a
+    commit over it is refused, and a resume stops at it, as at a moved one).
     """
 
     name: str
@@ -78,6 +84,7 @@ class Entry:
     problem: str | None = None
     newer_format: bool = False
     moved: bool = False
+    marker_dir: bool = False
 
 
 # ---------------------------------------------------------------- one marker
@@ -86,12 +93,12 @@ class Entry:
 def read_marker(directory: Path, *, body: bool = True) -> Manifest | None:
     """The manifest in ``directory``'s marker; None if there is no marker.
 
-    Raises ManifestError if the marker is not a regular file, is too large, or is
-    not a valid manifest. A version-2 marker is judged by its header and size;
-    its file list is parsed when ``files`` is first used. With ``body=True`` its
-    bytes are read now (the manifest is a snapshot of the marker as it was); with
-    ``body=False`` (a scan) only the header is read, and ``files`` reads the rest
-    later, failing if the marker was replaced or removed meanwhile.
+    Raises ManifestError if the marker is not a regular file (MarkerIsDirectoryError for
+    a directory), is too large, or is not a valid manifest. A version-2 marker is judged
+    by its header and size; its file list is parsed when ``files`` is first used. With
+    ``body=True`` its bytes are read now (the manifest is a snapshot of the marker as it
+    was); with ``body=False`` (a scan) only the header is read, and ``files`` reads the
+    rest later, failing if the marker was replaced or removed meanwhile.
     """
     marker = directory / MARKER
     try:
@@ -104,6 +111,8 @@ def read_marker(directory: Path, *, body: bool = True) -> Manifest | None:
         ) from None
     try:
         return _read_open(fd, marker, body=body)
+    except MarkerIsDirectoryError:
+        raise
     except ManifestError as exc:  # the same kind (NewerFormatError stays one), with the path
         raise type(exc)(f"marker {marker}: {exc}", path=marker) from None
     finally:
@@ -111,7 +120,7 @@ def read_marker(directory: Path, *, body: bool = True) -> Manifest | None:
 
 
 def _read_open(fd: int, marker: Path, *, body: bool) -> Manifest:
-    size = _regular_size(fd)
+    size = _regular_size(fd, marker)
     head = _pread(fd, min(size, _PROBE), 0)
     if head.startswith(MAGIC) and b"\n" not in head and len(head) < size:
         head += _pread(fd, min(size, MAX_HEADER_BYTES) - len(head), len(head))
@@ -128,8 +137,10 @@ def _read_open(fd: int, marker: Path, *, body: bool) -> Manifest:
     return Manifest._lazy(fields, header, _MarkerBody(marker, line))
 
 
-def _regular_size(fd: int) -> int:
+def _regular_size(fd: int, marker: Path) -> int:
     st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise marker_is_directory(marker)
     if not stat.S_ISREG(st.st_mode):
         raise ManifestError("it is not a regular file")
     if st.st_size > MAX_MARKER_BYTES:
@@ -137,6 +148,18 @@ def _regular_size(fd: int) -> int:
             f"it is {st.st_size} bytes, more than any manifest ({MAX_MARKER_BYTES})"
         )
     return st.st_size
+
+
+def marker_is_directory(marker: Path) -> MarkerIsDirectoryError:
+    """The error for a directory found where ``marker`` (a step directory's marker) goes."""
+    step = marker.parent
+    return MarkerIsDirectoryError(
+        f"{marker} is a directory, not the {MARKER} file atomic_ckpt writes, so {step} is "
+        "not a usable checkpoint (nothing was changed or deleted). Move that directory out "
+        f"of {step} (what it holds is not part of the checkpoint); then, if the save was "
+        f"complete, adopt it with `atomic-ckpt mark-complete {step}`, or move {step} away",
+        path=marker,
+    )
 
 
 def _pread(fd: int, n: int, offset: int) -> bytes:
@@ -170,7 +193,7 @@ class _MarkerBody:
                 path=self.marker,
             ) from None
         try:
-            size = _regular_size(fd)
+            size = _regular_size(fd, self.marker)
             if _pread(fd, len(self.header), 0) != self.header:
                 raise ManifestError("it was replaced since it was listed; look it up again")
             return _pread(fd, size - len(self.header), len(self.header))
@@ -186,8 +209,16 @@ def classify(path: Path, step: int, *, body: bool = True) -> Entry:
     try:
         manifest = read_marker(path, body=body)
     except ManifestError as exc:
-        newer = isinstance(exc, NewerFormatError)
-        return Entry(path.name, path, step, "invalid", problem=str(exc), newer_format=newer)
+        newer, folder = isinstance(exc, NewerFormatError), isinstance(exc, MarkerIsDirectoryError)
+        return Entry(
+            path.name,
+            path,
+            step,
+            "invalid",
+            problem=str(exc),
+            newer_format=newer,
+            marker_dir=folder,
+        )
     except OSError as exc:
         return Entry(path.name, path, step, "invalid", problem=f"cannot read marker: {exc}")
     if manifest is None:

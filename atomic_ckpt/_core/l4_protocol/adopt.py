@@ -14,6 +14,7 @@ from typing import SupportsIndex
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     ManifestError,
+    MarkerIsDirectoryError,
     NewerFormatError,
     StepConflictError,
     VerificationError,
@@ -150,6 +151,8 @@ def _valid_manifest(path: Path, step: int) -> Manifest | None:
             path=path,
             step=step,
         ) from exc
+    except MarkerIsDirectoryError:
+        raise  # its rename would fail; and what that directory holds is the user's
     except ManifestError:
         return None  # an unreadable marker is replaced by a valid one
     if existing is None or existing.legacy:

@@ -10,7 +10,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import SupportsIndex
 
-from atomic_ckpt._core.l1_names.errors import ManifestError, NewerFormatError, StepConflictError
+from atomic_ckpt._core.l1_names.errors import (
+    ManifestError,
+    MarkerIsDirectoryError,
+    NewerFormatError,
+    StepConflictError,
+)
 from atomic_ckpt._core.l1_names.names import MARKER, not_one_string
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l3_formats.manifest import check_metadata
@@ -113,6 +118,8 @@ def check_replaceable(final: Path, step: int | None, *, replace: bool) -> None:
         manifest = read_marker(final, body=False)
     except NewerFormatError as exc:
         what = f"a checkpoint a newer atomic_ckpt wrote: its marker is {exc}"
+    except MarkerIsDirectoryError as exc:  # what that directory holds would be deleted
+        what = f"an unusable checkpoint: {exc}"
     except (ManifestError, OSError) as exc:
         log.warning(
             "committing over %s, whose %s marker cannot be read (%s): the new checkpoint "

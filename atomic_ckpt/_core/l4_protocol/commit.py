@@ -187,6 +187,7 @@ class Commit(JoinedBlocks):
         try:
             check_own_aliases(self.name, self.aliases)
             self._check_staging()
+            _stage.check_marker_free(self.path)
             metadata = check_metadata(self.metadata)
             manifest = self._protocol(files, metadata)
         except BaseException as exc:
@@ -364,11 +365,12 @@ class Commit(JoinedBlocks):
                 step=self._step,
             )
         if self._state != "open":
-            if self._why is not None:
+            if self._why is not None:  # a full disk says so, and what to do, here too
+                why = disk_full(self._why, self._root.path, f"the commit of {self.name}")
                 raise CommitStateError(
                     f"cannot {what} the commit of {self.name}: a block that joined it failed "
-                    f"({type(self._why).__name__}: {self._why}), which aborted it. Nothing "
-                    "was published; fix that error and save again",
+                    f"({type(why or self._why).__name__}: {why or self._why}), which aborted "
+                    "it. Nothing was published; fix that error and save again",
                     path=self.path,
                     step=self._step,
                 ) from self._why

@@ -198,14 +198,16 @@ def joined(commit: Commit, **options: Any) -> Iterator[Path]:
     """A block that adds to the open ``commit`` (``join=True``): it yields the staging dir
     and publishes nothing; ``options`` merge by :func:`merge_options`. An exception
     leaving it (or raised merging the options) aborts the commit, whose publish then
-    raises CommitStateError, so a half-written part is never published. Leaving it
-    normally when the commit was aborted meanwhile raises CommitStateError."""
+    raises CommitStateError, so a half-written part is never published (a full disk is
+    raised from the block as DiskFullError, and named in that CommitStateError). Leaving
+    it normally when the commit was aborted meanwhile raises CommitStateError."""
     commit.enter_join()
     try:
         merge_options(commit, **options)
         yield commit.path
     except BaseException as exc:
         commit.leave_join(exc)
+        commit._raise_disk_full(exc)  # as an ordinary commit's block would
         raise
     commit.leave_join(None)
 

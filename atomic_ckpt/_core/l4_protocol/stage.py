@@ -12,9 +12,10 @@ from pathlib import Path
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointTimeoutError,
     ManifestError,
+    MarkerIsDirectoryError,
     StepConflictError,
 )
-from atomic_ckpt._core.l1_names.names import TAG_OLD, new_token, parse_tmp
+from atomic_ckpt._core.l1_names.names import MARKER, TAG_OLD, new_token, parse_tmp
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l3_formats.manifest import Manifest
@@ -25,6 +26,18 @@ log = logging.getLogger(__name__)
 
 _TRIES = 100
 """Attempts at a fresh lock name before giving up (each attempt loses only to a remover)."""
+
+
+def check_marker_free(staging: Path) -> None:
+    """Refuse a save that wrote a directory under the marker's name: the marker's rename
+    would fail on it with a bare EISDIR, and a file there is only a legacy marker."""
+    if os.path.isdir(staging / MARKER) and not os.path.islink(staging / MARKER):
+        raise MarkerIsDirectoryError(
+            f"the save wrote a directory named {MARKER} in {staging}: that name is reserved "
+            "for atomic_ckpt's marker file. Nothing was committed; give the directory "
+            "another name in the save",
+            path=staging / MARKER,
+        )
 
 
 def new_lock(root: Root, name: str) -> tuple[str, _locks.Lock]:

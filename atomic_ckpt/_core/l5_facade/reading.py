@@ -227,7 +227,7 @@ class Reading:
         newer = [e for e in skipped if e.newer_format]
         if found is not None and newer:
             return found, self._newer_error(found.checkpoint, newer)
-        moved = [e for e in skipped if e.moved]
+        moved = [e for e in skipped if e.moved or e.marker_dir]  # kept: a commit refuses them
         if found is not None and moved:
             return found, self._moved_error(found.checkpoint, moved)
         if found is not None:
@@ -320,12 +320,20 @@ class Reading:
 
     def _moved_error(self, found: Checkpoint, moved: list[Entry]) -> UnusableCheckpointsError:
         problems = tuple(f"{e.path}: {e.problem}" for e in moved)
+        what, how = (
+            (
+                "complete checkpoint(s)",
+                "under a name that is not theirs (moved or copied there by hand)",
+            )
+            if all(e.moved for e in moved)
+            else ("step directories", "that cannot be used and are not to be lost")
+        )
         return UnusableCheckpointsError(
-            f"{self._root.path} holds {len(moved)} complete checkpoint(s) above step "
-            f"{found.step} under a name that is not theirs (moved or copied there by "
-            "hand):\n  " + "\n  ".join(problems) + f"\nResuming from step {found.step} "
-            "would skip them and train over them. Move each back to its own name; make a "
-            "named one a step with `atomic-ckpt promote ROOT NAME STEP`",
+            f"{self._root.path} holds {len(moved)} {what} above step {found.step} {how}:\n  "
+            + "\n  ".join(problems)
+            + f"\nResuming from step {found.step} would skip them and train over them. Do "
+            "what each says: move a moved one back to its own name; make a named one a step "
+            "with `atomic-ckpt promote ROOT NAME STEP`",
             path=self._root.path,
             paths=tuple(e.path for e in moved),
             problems=problems,
