@@ -88,7 +88,8 @@ def save_model_is_collective(trainer: Any) -> bool:
     ``save_pretrained`` gathers on every rank). Anywhere else (plain DDP) stock writes from
     rank 0 and the other ranks return at once, so a script may call it on rank 0 alone:
     the final save must then make no collective either, or it waits forever."""
-    if _trainer_module.is_torch_xla_available() or _trainer_module.is_sagemaker_mp_enabled():
+    stock: Any = _trainer_module  # the very functions Trainer.save_model asks
+    if stock.is_torch_xla_available() or stock.is_sagemaker_mp_enabled():
         return True
     if getattr(trainer, "is_fsdp_enabled", False):
         plugin = trainer.accelerator.state.fsdp_plugin

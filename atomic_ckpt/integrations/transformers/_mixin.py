@@ -256,7 +256,9 @@ class AtomicCheckpointMixin(_Base):
             raise ValueError("save_model needs an output_dir (or args.output_dir)")
         collective = save_model_is_collective(self)
         if collective or _rank() == 0:
-            with _final_save(target, durable=self._atomic_durable, collective=collective) as at:
+            with _final_save(
+                target, durable=self._atomic_durable, collective=collective, weights=True
+            ) as at:
                 super().save_model(at, _internal_call=True)
         else:  # stock's non-writing rank: it returns without writing or waiting
             super().save_model(target, _internal_call=True)
