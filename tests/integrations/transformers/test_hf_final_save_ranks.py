@@ -5,10 +5,12 @@ DDP finishes, with the whole model in place."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import safetensors.torch
 from hf_launch import launch
+from test_hf_push_to_hub import hub  # noqa: F401  (the Hub stand-in fixture)
 
 DEADLINE = 150.0
 """Seconds before a rank still running is killed: a hang fails the test, never stalls it."""
@@ -67,3 +69,34 @@ def test_save_model_is_collective_exactly_where_stock_is(setting: str, collectiv
         ),
     )
     assert save_model_is_collective(trainer) is collective
+
+
+def test_push_to_hubs_local_save_on_rank0_alone_makes_no_collective(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hub: Any,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """``push_to_hub()`` saves the model first (``save_model(_internal_call=True)``); as rank
+    0 of a plain-DDP run (here posed: a distributed world whose collectives raise) that save
+    makes no broadcast and no barrier, and the push uploads the model."""
+    import torch.distributed as dist
+    from test_hf_trainer_api import make_trainer
+
+    from atomic_ckpt.integrations.transformers import _final
+
+    out = tmp_path / "out"
+    hub.out = out
+    trainer = make_trainer(out, push_to_hub=True, hub_model_id="someone/tiny")
+    collectives: list[str] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        collectives.append("collective")
+        raise AssertionError("a collective on rank 0 alone waits forever")
+
+    monkeypatch.setattr(_final, "_distributed", lambda: True)
+    monkeypatch.setattr(_final, "_barrier", refuse)
+    monkeypatch.setattr(dist, "broadcast_object_list", refuse)
+    trainer.push_to_hub()
+    assert collectives == []
+    assert (out / "model.safetensors").is_file()
+    assert "model.safetensors" in hub.uploads[-1].files
