@@ -157,3 +157,42 @@ def test_stale_weights_follows_stock_and_adds_the_other_layouts_entry_point() ->
     ]
     assert stale_weights(["training_args.bin", "config.json"], present) == []
     assert AtomicTrainer  # the integration imported
+
+
+class Crash(BaseException):
+    """The process dying at the fault point (a BaseException: nothing catches it)."""
+
+
+def test_a_crash_before_the_stale_weights_go_leaves_a_whole_model_and_the_next_save_removes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unsharded, then sharded, dying at the unlink of the old ``model.safetensors``: the
+    directory still loads a whole model (the old one, which from_pretrained reads first),
+    and the next final save there removes the stale file and loads the new model."""
+    out = tmp_path / "out"
+    trainer = make_trainer(out)
+    trainer.save_model()
+    real_unlink = _fs.unlink
+    fired: list[Path] = []
+
+    def unlink(path: Path) -> None:
+        if Path(path) == out / "model.safetensors" and not fired:
+            fired.append(Path(path))
+            raise Crash
+        real_unlink(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(_fs, "unlink", unlink)
+        sharded_as("3 shards", m)
+        with pytest.raises(Crash):
+            trainer.save_model()
+    assert fired == [out / "model.safetensors"]  # the fault fired
+    assert "model.safetensors" in weight_files(out)
+    GPT2LMHeadModel.from_pretrained(out)  # a whole model loads
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(1.0)
+    sharded_as("3 shards", monkeypatch)
+    trainer.save_model()
+    assert "model.safetensors" not in weight_files(out)
+    assert loads_as(out, trainer.model.state_dict())
