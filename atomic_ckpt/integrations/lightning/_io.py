@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from atomic_ckpt import atomic_write, remove_directory, temp_name
+from atomic_ckpt import atomic_write, clean_temporaries, remove_directory, temp_name
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import new_hasher
 from atomic_ckpt._core.l4_protocol import dedup as _dedup
@@ -130,7 +130,9 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         and its subclasses) is queued; any other (``trainer.save_checkpoint(path)`` called by
         a script or a hook, this method called directly) first waits for what is queued and
         is then written on the caller's thread: the file is whole and durable when it
-        returns."""
+        returns. Such a save first removes what killed saves left in its directory
+        (:func:`~atomic_ckpt.clean_temporaries`, which leaves a live write alone): no fit's
+        setup cleans a directory outside the ``ModelCheckpoint`` dirpath."""
         if storage_options is not None:
             raise TypeError(
                 f"{type(self).__name__}.save_checkpoint takes no storage_options "
@@ -142,7 +144,8 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
             self._refuse_unordered_links()
             # Copy the tensors now, on the caller's thread: training goes on changing them.
             checkpoint = apply_to_collection(checkpoint, torch.Tensor, _snapshot)
-        self._run(self._save_now, checkpoint, target, what=f"save {target}", queued=queued)
+        job = self._save_now if queued else self._save_by_hand
+        self._run(job, checkpoint, target, what=f"save {target}", queued=queued)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete ``path`` (a file, or a sharded checkpoint's directory) durably, after every
@@ -251,6 +254,13 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
                     self._link_previous(path, tmp, digest)
         if self.dedup and digest is not None:
             self._previous = (os.path.abspath(path), digest, _dedup.file_id(os.lstat(path)))
+
+    def _save_by_hand(self, checkpoint: dict[str, Any], path: str) -> None:
+        # After every queued save (so none of ours is live in the directory).
+        directory = os.path.dirname(os.path.abspath(path))
+        for removed in clean_temporaries(directory, durable=self.durable):
+            log.info("removed %s, left by an interrupted save", removed)
+        self._save_now(checkpoint, path)
 
     def _link_previous(self, path: str, tmp: Path, digest: str) -> None:
         """Replace the file written at ``tmp`` by a link to the previous save if both hold

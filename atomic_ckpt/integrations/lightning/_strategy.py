@@ -6,11 +6,18 @@ Imported by the public module after its check that torch and Lightning are insta
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atomic_ckpt import CheckpointDir, commit_directory, remove_directory, temp_name
+from atomic_ckpt import (
+    CheckpointDir,
+    clean_temporaries,
+    commit_directory,
+    remove_directory,
+    temp_name,
+)
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt.integrations.lightning import _checked
 from atomic_ckpt.integrations.lightning._io import _local
@@ -20,6 +27,8 @@ if TYPE_CHECKING:
     from pytorch_lightning.strategies import Strategy as _StrategyBase
 else:
     _StrategyBase = object
+
+log = logging.getLogger("atomic_ckpt.integrations.lightning")  # the public module's, as _io
 
 
 class _AtomicShardedSave(_StrategyBase):
@@ -45,6 +54,13 @@ class _AtomicShardedSave(_StrategyBase):
         if not self._saves_directory():
             super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
             return
+        if self.is_global_zero:
+            # What killed saves left beside it (a save by hand outside the ModelCheckpoint
+            # dirpath is in no fit's setup): before the broadcast, so no rank has begun
+            # this save's staging directory yet; a live write elsewhere is left alone.
+            beside = os.path.dirname(os.path.abspath(_local(filepath)))
+            for removed in clean_temporaries(beside):
+                log.info("removed %s, left by an interrupted save", removed)
         final = _local(self.broadcast(os.fspath(filepath)))
         name = self.broadcast(temp_name(os.path.basename(final)))
         parent = os.path.dirname(os.path.abspath(final))

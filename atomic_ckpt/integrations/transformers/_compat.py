@@ -78,3 +78,22 @@ else:  # the seam of _hub_uploads
         "trainer module has neither hf_api() nor upload_folder(), which its Hub uploads "
         "went through; this version is not supported"
     )
+
+
+def save_model_is_collective(trainer: Any) -> bool:
+    """Whether the installed ``Trainer.save_model`` needs every rank (it gathers the state
+    on all of them), read the way it decides: XLA, SageMaker model parallelism, DeepSpeed,
+    FSDP with ``FULL_STATE_DICT`` (with any other state-dict type stock saves nothing), and
+    a model sharded at load time (5.x ``is_distributed_loading_by_transformers``: its
+    ``save_pretrained`` gathers on every rank). Anywhere else (plain DDP) stock writes from
+    rank 0 and the other ranks return at once, so a script may call it on rank 0 alone:
+    the final save must then make no collective either, or it waits forever."""
+    stock: Any = _trainer_module  # the very functions Trainer.save_model asks
+    if stock.is_torch_xla_available() or stock.is_sagemaker_mp_enabled():
+        return True
+    if getattr(trainer, "is_fsdp_enabled", False):
+        plugin = trainer.accelerator.state.fsdp_plugin
+        return "FULL_STATE_DICT" in str(plugin.state_dict_type)
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return True
+    return bool(getattr(trainer, "is_distributed_loading_by_transformers", False))

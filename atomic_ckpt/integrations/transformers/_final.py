@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,17 +22,25 @@ from atomic_ckpt.integrations.transformers._resume import (
     _distributed,
     _rank,
 )
+from atomic_ckpt.integrations.transformers._weights import stale_weights
+
+log = logging.getLogger(__package__ or __name__)
 
 FINAL_STAGING = "final-model"
 """The staging directory of a final ``save_model`` (hidden: ``.tmp-final-model.<hex>``)."""
 
 
 @contextlib.contextmanager
-def _final_save(output_dir: str, *, durable: bool, collective: bool = True) -> Iterator[str]:
+def _final_save(
+    output_dir: str, *, durable: bool, collective: bool = True, weights: bool = False
+) -> Iterator[str]:
     """A staging directory in ``output_dir`` (one for every rank, made by rank 0) whose
     files, once the block has written them on every rank, rank 0 moves to the same paths
     in ``output_dir``, each atomically and durably; the staging directory is then gone.
-    ``collective=False``: rank 0 alone calls it (``save_state``, ``save_metrics``).
+    ``collective=False``: rank 0 alone calls it (``save_state``, ``save_metrics``, and
+    ``save_model`` where stock's is not collective). ``weights=True`` (a model save): then
+    the weight files of an earlier save it makes stale are removed (:func:`stale_weights`),
+    durably, once the new ones are durably in place.
 
     Every file stays in the staging directory, which its lock marks as a live save, until
     the rename that puts it in place: a kill at any point leaves nothing outside it, and
@@ -59,7 +68,9 @@ def _final_save(output_dir: str, *, durable: bool, collective: bool = True) -> I
         if failed is not None:
             raise failed
         if handle is not None:
-            _move_into(handle.path, Path(output_dir), durable=durable)
+            moved = _move_into(handle.path, Path(output_dir), durable=durable)
+            if weights:
+                _remove_stale_weights(Path(output_dir), moved, durable=durable)
     finally:
         if handle is not None:
             handle.abort(failed)
@@ -86,12 +97,18 @@ def _save_metrics(
                 json.dump(obj, f, indent=4, sort_keys=True)
 
 
-def _move_into(staging: Path, output_dir: Path, *, durable: bool) -> None:
+def _move_into(staging: Path, output_dir: Path, *, durable: bool) -> list[str]:
     """Every regular file below ``staging`` renamed over its path in ``output_dir``: each
     fsynced, renamed straight from the staging directory, and (once all are) each
-    directory it went into fsynced; links and other entries refused rather than followed."""
+    directory it went into fsynced; links and other entries refused rather than followed.
+    Returns the relative paths moved.
+
+    In sorted order, which puts a sharded model's shards (``model-00001-of-00002...``)
+    before its index (``model.safetensors.index.json``): the index that names them
+    appears only once they are all in place."""
     directories: dict[Path, None] = {}
-    for entry in sorted(_files_below(staging)):
+    entries = sorted(_files_below(staging))
+    for entry in entries:
         source, target = staging / entry, output_dir / entry
         try:
             created = _fs.makedirs(target.parent)
@@ -109,6 +126,24 @@ def _move_into(staging: Path, output_dir: Path, *, durable: bool) -> None:
     if durable:
         for directory in directories:
             _fs.fsync_dir(directory)  # the renames, durably
+    return entries
+
+
+def _remove_stale_weights(output_dir: Path, moved: list[str], *, durable: bool) -> None:
+    """The weight files in ``output_dir`` that the model just moved there makes stale,
+    removed (after the new files are durable: a crash in between leaves an older whole
+    model loadable, never none), then the directory fsynced; a crash before that leaves
+    them to the next final save there, which removes them the same way."""
+    present = [p.name for p in output_dir.iterdir() if p.is_file() and not p.is_symlink()]
+    stale = stale_weights(moved, present)
+    for name in stale:
+        log.info("removing %s: weights of an earlier save, stale beside the new ones", name)
+        try:
+            _fs.unlink(output_dir / name)
+        except FileNotFoundError:
+            continue
+    if stale and durable:
+        _fs.fsync_dir(output_dir)
 
 
 def _files_below(top: Path) -> Iterator[str]:

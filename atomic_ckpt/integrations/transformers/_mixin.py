@@ -15,6 +15,7 @@ from transformers.trainer_utils import TrainOutput
 
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt.integrations.transformers._compat import save_model_is_collective
 from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
     _final_save,
@@ -242,6 +243,10 @@ class AtomicCheckpointMixin(_Base):
         renamed over its place in ``output_dir``, and the directory is fsynced: every
         file is either the old one or the new one, whole, at its usual path. (Atomic per
         file, not for the set: a crash between two renames leaves some files new.)
+
+        Collective exactly where stock ``save_model`` is (:func:`save_model_is_collective`:
+        DeepSpeed, FSDP full state, a model sharded at load time...); under plain DDP rank 0
+        saves alone and the other ranks return, so a script may call it on rank 0 only.
         """
         if self._atomic_saving:
             super().save_model(output_dir, _internal_call)
@@ -249,8 +254,14 @@ class AtomicCheckpointMixin(_Base):
         target = output_dir if output_dir is not None else self.args.output_dir
         if target is None:
             raise ValueError("save_model needs an output_dir (or args.output_dir)")
-        with _final_save(target, durable=self._atomic_durable) as staging:
-            super().save_model(staging, _internal_call=True)
+        collective = save_model_is_collective(self)
+        if collective or _rank() == 0:
+            with _final_save(
+                target, durable=self._atomic_durable, collective=collective, weights=True
+            ) as at:
+                super().save_model(at, _internal_call=True)
+        else:  # stock's non-writing rank: it returns without writing or waiting
+            super().save_model(target, _internal_call=True)
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 

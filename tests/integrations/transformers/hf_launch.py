@@ -60,13 +60,14 @@ def launch(
     kill_rank: int | None = None,
     tmp: Path,
     per_node: int | None = None,
+    deadline: float = DEADLINE,
 ) -> Run:
     """Run the child on ``world`` processes (torchrun's environment variables, gloo), each
     forked from a server that imported transformers once; ``per_node`` (default: all of
     them) is the LOCAL_WORLD_SIZE they are told, so that one machine can pose as several
-    nodes. With ``kill_rank``, only that
-    rank gets ``cfg["kill"]``; once it is dead, the others are given a while to notice
-    (they raise) and are then killed if they have not."""
+    nodes; ``deadline``: the seconds after which a rank still running is killed. With
+    ``kill_rank``, only that rank gets ``cfg["kill"]``; once it is dead, the others are
+    given a while to notice (they raise) and are then killed if they have not."""
     import hf_trainer_child
 
     port = free_port()
@@ -94,7 +95,7 @@ def launch(
     if kill_rank is not None:
         procs[kill_rank].join(DEADLINE)
     for p in procs:
-        p.join(60 if kill_rank is not None else DEADLINE)
+        p.join(60 if kill_rank is not None else deadline)
         if p.is_alive():
             p.kill()
             p.join()

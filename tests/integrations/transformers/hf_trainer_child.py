@@ -8,7 +8,10 @@ Config keys: ``out`` (output_dir), ``steps``, ``save_steps``, ``limit``
 ``verify`` (``verify_on_resume``), ``kill`` (``[point, n]``: SIGKILL this process the
 n-th time it reaches ``point``, after writing ``<out>/../killed-<point>-rank<r>``),
 ``result`` (a JSON file rank 0 writes when training ends; each rank also writes
-``<result>.rank<r>``: the checkpoint it resumed from and the files it held mapped).
+``<result>.rank<r>``: the checkpoint it resumed from and the files it held mapped),
+``final_rank0`` (a directory: after training, rank 0 alone calls ``save_model`` into it,
+as a script guarded by ``is_world_process_zero()`` does; the other ranks wait, up to a
+while, for ``<final_rank0>.done``, which rank 0 writes when its save returns).
 
 Kill points: ``model`` (inside the model write: half the safetensors bytes are on disk),
 ``optimizer`` (the model is written, the optimizer is not), ``rng`` (everything but the
@@ -23,6 +26,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -166,12 +170,29 @@ def main(cfg: dict[str, Any]) -> None:
 
     trainer._resume_point = resume_point  # type: ignore[method-assign]
     trainer.train(resume_from_checkpoint=True if cfg.get("resume") else None)
+    if cfg.get("final_rank0"):
+        save_on_rank0_alone(trainer, Path(cfg["final_rank0"]))
     if cfg.get("result"):
         Path(f"{cfg['result']}.rank{rank()}").write_text(json.dumps(chosen))
     if cfg.get("result") and rank() == 0:
         Path(cfg["result"]).write_text(
             json.dumps({"resumed_from": resumed_from, "global_step": trainer.state.global_step})
         )
+
+
+def save_on_rank0_alone(trainer: AtomicTrainer, final: Path) -> None:
+    """``save_model`` on rank 0 only (a collective there would wait for the other ranks
+    forever); the others wait for it to return, then go on without a collective."""
+    done = final.with_name(final.name + ".done")
+    if trainer.is_world_process_zero():
+        trainer.save_model(str(final))
+        done.write_text("saved")
+        return
+    for _ in range(600):
+        if done.exists():
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"rank {rank()}: rank 0's save_model did not return within 60 s")
 
 
 def run(cfg: dict[str, Any], env: dict[str, str], log: str) -> None:
