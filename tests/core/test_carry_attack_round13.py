@@ -29,11 +29,6 @@ def _first(ckpts: CheckpointDir) -> None:
             (path / "tok" / f"{k}.json").write_bytes(b"{%d}" % k)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a full disk during the copy fallback is reported as VerificationError "
-    "('changed after its commit; run verify()') instead of ENOSPC/DiskFullError",
-)
 def test_a_full_disk_during_the_copy_fallback_is_a_disk_full_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -53,9 +48,8 @@ def test_a_full_disk_during_the_copy_fallback_is_a_disk_full_error(
     monkeypatch.setattr(_share, "_reflink", lambda fd_in, dst: False)
     monkeypatch.setattr(_share.os, "link", no_link)
     monkeypatch.setattr(_share.os, "sendfile", full)
-    with pytest.raises(OSError) as caught:
-        with ckpts.begin(2) as commit:
-            commit.carry("model.pt", from_=1)
+    with pytest.raises(OSError, match="No space left") as caught, ckpts.begin(2) as commit:
+        commit.carry("model.pt", from_=1)
     monkeypatch.undo()
     assert not isinstance(caught.value, VerificationError), caught.value
     assert caught.value.errno == errno.ENOSPC
@@ -64,12 +58,6 @@ def test_a_full_disk_during_the_copy_fallback_is_a_disk_full_error(
     assert sorted(os.listdir(tmp_path / "r")) == ["1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a source step replaced by a concurrent save while its subtree is carried "
-    "is reported as VerificationError ('changed after its commit') instead of "
-    "StepConflictError",
-)
 def test_a_source_replaced_while_its_subtree_is_carried_is_a_step_conflict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,9 +80,8 @@ def test_a_source_replaced_while_its_subtree_is_carried_is_a_step_conflict(
         return real(top_fd, rel, dst, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_share, "share_file", share_file)
-    with pytest.raises((StepConflictError, VerificationError)) as caught:
-        with ckpts.begin(2) as commit:
-            commit.carry("tok/", from_=1)
+    with pytest.raises((StepConflictError, VerificationError)) as caught, ckpts.begin(2) as c:
+        c.carry("tok/", from_=1)
     monkeypatch.undo()
     assert isinstance(caught.value, StepConflictError), caught.value
     assert ckpts.verify(1).step == 1

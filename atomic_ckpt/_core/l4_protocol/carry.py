@@ -114,10 +114,25 @@ def source_of(root: Root, from_: int | str) -> Checkpoint:
     return _delete.require_complete(root, check_step(from_))
 
 
+_NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+"""errnos of a source path that is missing or has a link or a file on it."""
+
+
 def _pin(source: Checkpoint) -> int:
     """The source's directory, opened (never through a link) and checked to be the one
     whose manifest was read; the caller closes it."""
     fd = _fs.open_dir(source.path)
+    try:
+        _still(source, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _still(source: Checkpoint, fd: int) -> None:
+    """StepConflictError unless ``source.path`` still is the directory open as ``fd``,
+    holding the manifest read (another save replaced or removed it meanwhile)."""
     try:
         same = read_marker(source.path) == source.manifest and os.path.samestat(
             os.lstat(source.path), os.fstat(fd)
@@ -125,7 +140,6 @@ def _pin(source: Checkpoint) -> int:
     except (OSError, ValueError):
         same = False
     if not same:
-        os.close(fd)
         raise StepConflictError(
             f"{source.path} was replaced or changed while a file was being carried from "
             "it; nothing was carried: look it up again and retry",
@@ -324,6 +338,11 @@ def _one(
     try:
         method, st = _share.share_file(pin, entry.path, target)
     except OSError as exc:
+        # Only what says the source is not that file any more is the source's fault; a
+        # full disk, a quota or an I/O error while making the new name propagates as is.
+        if not isinstance(exc, _fs.NotRegularFileError) and exc.errno not in _NOT_THERE:
+            raise
+        _still(source, pin)  # replaced by another save meanwhile: say that
         raise _changed(source, entry, f"it cannot be opened as a regular file ({exc})") from exc
     try:
         now = _check_source(target, source, pin, entry, st)
