@@ -20,11 +20,6 @@ pytest.importorskip("torch", reason="needs the [torch] extra")
 import torch
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AtomicCheckpointIO(dedup=True) saving the same bytes to a path that already "
-    "holds the previous save's inode leaves a .<name>.tmp-<hex> hard link behind",
-)
 def test_saving_the_same_bytes_again_leaves_no_temporary_link(tmp_path: Path) -> None:
     pytest.importorskip("lightning", reason="needs the [lightning] extra")
     from atomic_ckpt.integrations.lightning import AtomicCheckpointIO

@@ -86,3 +86,20 @@ def test_a_source_replaced_while_its_subtree_is_carried_is_a_step_conflict(
     assert isinstance(caught.value, StepConflictError), caught.value
     assert ckpts.verify(1).step == 1
     assert [c.step for c in ckpts.checkpoints()] == [1]
+
+
+def test_an_atomic_write_whose_block_links_the_target_leaves_no_temporary(tmp_path: Path) -> None:
+    """A block that makes the temporary file another hard link of the very file at the
+    target (what a dedup against the previous save of the same path does) replaces
+    nothing: the temporary name goes, instead of staying behind as a second name that
+    keeps the data alive after the target is replaced (rename(2) of two links of one
+    inode is a no-op)."""
+    from atomic_ckpt import atomic_write
+
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(MODEL)
+    with atomic_write(target) as tmp:
+        os.link(target, tmp)
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]
+    assert os.lstat(target).st_nlink == 1
+    assert target.read_bytes() == MODEL
