@@ -145,7 +145,6 @@ def _still(source: Checkpoint, fd: int) -> None:
             "it; nothing was carried: look it up again and retry",
             path=source.path,
         )
-    return fd
 
 
 @dataclasses.dataclass
