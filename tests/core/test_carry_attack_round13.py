@@ -105,11 +105,6 @@ def test_an_atomic_write_whose_block_links_the_target_leaves_no_temporary(tmp_pa
     assert target.read_bytes() == MODEL
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a carry still running in another thread when the block ends is committed "
-    "under its private waiting name (.carrying.tmp-atomic_ckpt.0.0), not at its name",
-)
 def test_a_carry_in_flight_when_the_block_ends_is_placed_or_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
