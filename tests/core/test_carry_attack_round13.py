@@ -147,3 +147,33 @@ def test_a_carry_in_flight_when_the_block_ends_is_placed_or_refused(
     assert got[0] in ("hardlink", "reflink", "copy"), got
     assert (tmp_path / "r" / "2" / "model.pt").read_bytes() == MODEL
     assert ckpts.verify(2).step == 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a carry into a commit whose staging dir is gone (aborted from another thread) "
+    "blames the source: VerificationError ('changed after its commit')",
+)
+def test_a_carry_into_a_staging_dir_that_is_gone_does_not_blame_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staging dir removed under a carry (the commit aborted by another thread, or
+    removed by hand) makes the new name impossible: that error propagates as it is
+    (FileNotFoundError, or CommitStateError), never a VerificationError saying the
+    intact source changed after its commit."""
+    import shutil
+
+    ckpts = CheckpointDir(tmp_path / "r")
+    _first(ckpts)
+    real = _share.share_file
+
+    def gone(top_fd: int, rel: str, dst: Path, **kwargs: object) -> object:
+        shutil.rmtree(dst.parent)  # the staging dir, aborted meanwhile
+        return real(top_fd, rel, dst, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_share, "share_file", gone)
+    with pytest.raises(OSError) as caught, ckpts.begin(2) as commit:  # noqa: PT011
+        commit.carry("model.pt", from_=1)
+    monkeypatch.undo()
+    assert not isinstance(caught.value, VerificationError), caught.value
+    assert ckpts.verify(1).step == 1
