@@ -149,11 +149,6 @@ def test_a_carry_in_flight_when_the_block_ends_is_placed_or_refused(
     assert ckpts.verify(2).step == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a carry into a commit whose staging dir is gone (aborted from another thread) "
-    "blames the source: VerificationError ('changed after its commit')",
-)
 def test_a_carry_into_a_staging_dir_that_is_gone_does_not_blame_the_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -338,8 +338,10 @@ def _one(
         method, st = _share.share_file(pin, entry.path, target)
     except OSError as exc:
         # Only what says the source is not that file any more is the source's fault; a
-        # full disk, a quota or an I/O error while making the new name propagates as is.
-        if not isinstance(exc, _fs.NotRegularFileError) and exc.errno not in _NOT_THERE:
+        # full disk, a quota, an I/O error or a staging dir gone (the commit aborted)
+        # while making the new name propagates as is.
+        source_side = isinstance(exc, _fs.NotRegularFileError) or exc.errno in _NOT_THERE
+        if not source_side or not os.path.isdir(target.parent):
             raise
         _still(source, pin)  # replaced by another save meanwhile: say that
         raise _changed(source, entry, f"it cannot be opened as a regular file ({exc})") from exc
