@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from atomic_ckpt import CheckpointDir, StepConflictError, VerificationError
+from atomic_ckpt import CheckpointDir, Commit, StepConflictError, VerificationError
 from atomic_ckpt._core.l2_syscalls import share as _share
 
 MODEL = bytes(range(256)) * 64
@@ -172,3 +172,49 @@ def test_a_carry_into_a_staging_dir_that_is_gone_does_not_blame_the_source(
     monkeypatch.undo()
     assert not isinstance(caught.value, VerificationError), caught.value
     assert ckpts.verify(1).step == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="two carries made at once from threads joined to one commit share a waiting "
+    "name (numbered by len(pending)): one fails with FileExistsError",
+)
+def test_carries_from_joined_threads_at_once_each_get_their_own_waiting_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks joined to one commit from several threads (``join=True``) may each carry a
+    different path at the same time (a tokenizer thread, a frozen-weights thread): every
+    carry succeeds and every carried file is committed at its name."""
+    import threading
+
+    ckpts = CheckpointDir(tmp_path / "r")
+    _first(ckpts)
+    real = _share.share_file
+    both = threading.Barrier(2, timeout=5)
+
+    def together(*args: object, **kwargs: object) -> object:
+        both.wait()  # each carry has named its waiting file; now both make it
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_share, "share_file", together)
+    errors: list[BaseException] = []
+
+    def part(commit: Commit, relpath: str) -> None:
+        try:
+            with ckpts.commit(2, join=True):
+                commit.carry(relpath, from_=1)
+        except BaseException as exc:  # recorded, checked below
+            errors.append(exc)
+
+    with ckpts.begin(2) as commit:
+        paths = ("model.pt", "tok/0.json")
+        threads = [threading.Thread(target=part, args=(commit, p)) for p in paths]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    monkeypatch.undo()
+    assert errors == []
+    names = {e.path for e in ckpts.verify(2).manifest.files}
+    assert {"model.pt", "tok/0.json"} <= names
+    assert not [n for n in names if ".tmp-" in n]
