@@ -174,11 +174,6 @@ def test_a_carry_into_a_staging_dir_that_is_gone_does_not_blame_the_source(
     assert ckpts.verify(1).step == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two carries made at once from threads joined to one commit share a waiting "
-    "name (numbered by len(pending)): one fails with FileExistsError",
-)
 def test_carries_from_joined_threads_at_once_each_get_their_own_waiting_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -39,6 +39,7 @@ import logging
 import os
 import posixpath
 import stat
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -74,6 +75,12 @@ for the publish (``CARRYING.<carry>.<file>``, :func:`waiting_name`): never at th
 names while the block runs, so nothing the block opens for writing there can reach a file
 shared with a committed checkpoint. Gone before the tree walk; removed with the staging
 dir on an abort."""
+
+
+_RESERVE = threading.Lock()
+"""Held while a carry takes its number (its slot in the commit's pending carries): never
+shared by two carries, which joined threads may make at once (a refused carry leaves its
+slot empty and inert, so no later one takes its number)."""
 
 
 def waiting_name(carry: int, file: int) -> str:
@@ -191,7 +198,9 @@ def carry(
         )
     _check_free(staging, rel)
     pin = _pin(source)
-    number = len(pending)
+    with _RESERVE:  # a number of its own, even for carries made at once from joined threads
+        number = len(pending)
+        pending.append(Pending("", {}, [], {}, False))  # inert until filled in below
     waiting: dict[str, str] = {}
     made: dict[str, tuple[FileEntry, Identity]] = {}
     try:
@@ -209,7 +218,7 @@ def carry(
     finally:
         os.close(pin)
     same_algorithm = manifest.checksum is not None and manifest.checksum == root.checksum
-    pending.append(Pending(rel, waiting, entries, made, same_algorithm))
+    pending[number] = Pending(rel, waiting, entries, made, same_algorithm)
     return max(methods, key=_RANK.__getitem__) if methods else "copy"
 
 
