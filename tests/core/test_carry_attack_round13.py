@@ -213,3 +213,29 @@ def test_carries_from_joined_threads_at_once_each_get_their_own_waiting_names(
     names = {e.path for e in ckpts.verify(2).manifest.files}
     assert {"model.pt", "tok/0.json"} <= names
     assert not [n for n in names if ".tmp-" in n]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a block that empties its staging dir (removing a carried file's waiting name) "
+    "gets a bare FileNotFoundError '.carrying.tmp-atomic_ckpt.0.0' -> 'model.pt'",
+)
+def test_a_block_that_removes_a_carried_file_is_told_which_carry_it_broke(
+    tmp_path: Path,
+) -> None:
+    """A writer that empties its output directory first (removing every entry it finds,
+    the private name a carried file waits at among them) makes the carry impossible: the
+    commit fails, nothing is published, and the error names the carried path and says the
+    block removed it (not a bare rename error between two private names)."""
+    ckpts = CheckpointDir(tmp_path / "r")
+    _first(ckpts)
+    with (  # noqa: PT012
+        pytest.raises(FileNotFoundError, match=r"model\.pt.*removed"),
+        ckpts.begin(2) as commit,
+    ):
+        commit.carry("model.pt", from_=1)
+        for name in os.listdir(commit.path):
+            os.unlink(commit.path / name)
+        (commit.path / "trainable.bin").write_bytes(b"2")
+    assert [c.step for c in ckpts.checkpoints()] == [1]
+    assert ckpts.verify(1).step == 1
