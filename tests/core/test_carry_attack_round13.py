@@ -215,11 +215,6 @@ def test_carries_from_joined_threads_at_once_each_get_their_own_waiting_names(
     assert not [n for n in names if ".tmp-" in n]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a block that empties its staging dir (removing a carried file's waiting name) "
-    "gets a bare FileNotFoundError '.carrying.tmp-atomic_ckpt.0.0' -> 'model.pt'",
-)
 def test_a_block_that_removes_a_carried_file_is_told_which_carry_it_broke(
     tmp_path: Path,
 ) -> None:

@@ -317,7 +317,17 @@ def _place(staging: Path, staging_fd: int, p: Pending, carried: Carried) -> None
             elif entry.type == "symlink":
                 _share.make_at(dst, name, symlink=entry.target or "")
             else:
-                _share.move_at(staging_fd, dst, name, old=p.waiting.pop(entry.path))
+                old = p.waiting.pop(entry.path)
+                try:
+                    _share.move_at(staging_fd, dst, name, old=old)
+                except FileNotFoundError as exc:
+                    raise FileNotFoundError(
+                        errno.ENOENT,
+                        f"{entry.path}, carried into this commit, waited at {old} in the "
+                        "staging dir, and the block removed it: nothing was committed. "
+                        "Remove only what the block wrote, or carry the file again",
+                        str(staging / old),
+                    ) from exc
                 if p.reuse:
                     carried[entry.path] = p.made[entry.path]
         finally:
