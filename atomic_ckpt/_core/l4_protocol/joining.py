@@ -124,7 +124,7 @@ class JoinedBlocks:
             self._joiners[me] = self._joiners.get(me, 0) + 1
 
     @contextlib.contextmanager
-    def adding(self, what: str) -> Iterator[None]:
+    def _adding(self, what: str) -> Iterator[None]:
         """Count a call adding to the commit from any thread (a carry) as a joined block
         while it runs, so that a publish begun meanwhile waits for it; CommitStateError
         (``cannot <what> ...``) if the commit ended or is being published. Its error
