@@ -236,11 +236,6 @@ def test_a_block_that_removes_a_carried_file_is_told_which_carry_it_broke(
     assert ckpts.verify(1).step == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a carry into an amend (through a block joined to it) fails the whole amend at "
-    "its end: CommitStateError about a 'publish given its file list'",
-)
 def test_a_carry_into_an_amend_is_committed(tmp_path: Path) -> None:
     """An amend's commit takes a carry like any other commit (through a block joined to
     it, ``commit(step, join=True, carry=...)``): the carried file is in the amended
