@@ -50,6 +50,7 @@ from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_met
 from atomic_ckpt._core.l3_formats.read import Checkpoint, classify, read_marker
 from atomic_ckpt._core.l3_formats.tree import sync_tree, walk
 from atomic_ckpt._core.l4_protocol import begin as _begin
+from atomic_ckpt._core.l4_protocol import carry as _carrying
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
 
@@ -96,6 +97,9 @@ def amend(
                     step=step,
                 )
             _require_algorithm(root, base, commit.path)
+            # Files carried in (a joined block's carry=) go to their names, then are
+            # hashed with the new files: an amend passes its own file list to the publish.
+            _carrying.place(commit.path, commit._fd, commit._pending, {}, walk=True)
             written = sync_tree(
                 commit.path,
                 policy=root.sync,

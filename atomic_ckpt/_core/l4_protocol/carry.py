@@ -39,6 +39,7 @@ import logging
 import os
 import posixpath
 import stat
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -74,6 +75,12 @@ for the publish (``CARRYING.<carry>.<file>``, :func:`waiting_name`): never at th
 names while the block runs, so nothing the block opens for writing there can reach a file
 shared with a committed checkpoint. Gone before the tree walk; removed with the staging
 dir on an abort."""
+
+
+_RESERVE = threading.Lock()
+"""Held while a carry takes its number (its slot in the commit's pending carries): never
+shared by two carries, which joined threads may make at once (a refused carry leaves its
+slot empty and inert, so no later one takes its number)."""
 
 
 def waiting_name(carry: int, file: int) -> str:
@@ -114,10 +121,25 @@ def source_of(root: Root, from_: int | str) -> Checkpoint:
     return _delete.require_complete(root, check_step(from_))
 
 
+_NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+"""errnos of a source path that is missing or has a link or a file on it."""
+
+
 def _pin(source: Checkpoint) -> int:
     """The source's directory, opened (never through a link) and checked to be the one
     whose manifest was read; the caller closes it."""
     fd = _fs.open_dir(source.path)
+    try:
+        _still(source, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _still(source: Checkpoint, fd: int) -> None:
+    """StepConflictError unless ``source.path`` still is the directory open as ``fd``,
+    holding the manifest read (another save replaced or removed it meanwhile)."""
     try:
         same = read_marker(source.path) == source.manifest and os.path.samestat(
             os.lstat(source.path), os.fstat(fd)
@@ -125,13 +147,11 @@ def _pin(source: Checkpoint) -> int:
     except (OSError, ValueError):
         same = False
     if not same:
-        os.close(fd)
         raise StepConflictError(
             f"{source.path} was replaced or changed while a file was being carried from "
             "it; nothing was carried: look it up again and retry",
             path=source.path,
         )
-    return fd
 
 
 @dataclasses.dataclass
@@ -178,7 +198,9 @@ def carry(
         )
     _check_free(staging, rel)
     pin = _pin(source)
-    number = len(pending)
+    with _RESERVE:  # a number of its own, even for carries made at once from joined threads
+        number = len(pending)
+        pending.append(Pending("", {}, [], {}, False))  # inert until filled in below
     waiting: dict[str, str] = {}
     made: dict[str, tuple[FileEntry, Identity]] = {}
     try:
@@ -196,7 +218,7 @@ def carry(
     finally:
         os.close(pin)
     same_algorithm = manifest.checksum is not None and manifest.checksum == root.checksum
-    pending.append(Pending(rel, waiting, entries, made, same_algorithm))
+    pending[number] = Pending(rel, waiting, entries, made, same_algorithm)
     return max(methods, key=_RANK.__getitem__) if methods else "copy"
 
 
@@ -295,7 +317,17 @@ def _place(staging: Path, staging_fd: int, p: Pending, carried: Carried) -> None
             elif entry.type == "symlink":
                 _share.make_at(dst, name, symlink=entry.target or "")
             else:
-                _share.move_at(staging_fd, dst, name, old=p.waiting.pop(entry.path))
+                old = p.waiting.pop(entry.path)
+                try:
+                    _share.move_at(staging_fd, dst, name, old=old)
+                except FileNotFoundError as exc:
+                    raise FileNotFoundError(
+                        errno.ENOENT,
+                        f"{entry.path}, carried into this commit, waited at {old} in the "
+                        "staging dir, and the block removed it: nothing was committed. "
+                        "Remove only what the block wrote, or carry the file again",
+                        str(staging / old),
+                    ) from exc
                 if p.reuse:
                     carried[entry.path] = p.made[entry.path]
         finally:
@@ -324,6 +356,13 @@ def _one(
     try:
         method, st = _share.share_file(pin, entry.path, target)
     except OSError as exc:
+        # Only what says the source is not that file any more is the source's fault; a
+        # full disk, a quota, an I/O error or a staging dir gone (the commit aborted)
+        # while making the new name propagates as is.
+        source_side = isinstance(exc, _fs.NotRegularFileError) or exc.errno in _NOT_THERE
+        if not source_side or not os.path.isdir(target.parent):
+            raise
+        _still(source, pin)  # replaced by another save meanwhile: say that
         raise _changed(source, entry, f"it cannot be opened as a regular file ({exc})") from exc
     try:
         now = _check_source(target, source, pin, entry, st)

@@ -158,8 +158,8 @@ class Commit(JoinedBlocks):
         followed). A refused carry changes nothing. Carried files reach their names at
         :meth:`publish`, after the block's writes, which so never reach the source: a name
         the block wrote keeps the block's file (the carried one is dropped, logged)."""
-        self._require_open("carry")
-        return _carry.carry(self._root, self.path, self._pending, relpath, from_)
+        with self._adding("carry into"):  # a publish begun meanwhile waits for it
+            return _carry.carry(self._root, self.path, self._pending, relpath, from_)
 
     def publish(self, files: list[FileEntry] | None = None) -> Checkpoint:
         """Make the staging directory durable and promote it; return the new checkpoint.

@@ -123,6 +123,34 @@ class JoinedBlocks:
             me = threading.get_ident()
             self._joiners[me] = self._joiners.get(me, 0) + 1
 
+    @contextlib.contextmanager
+    def _adding(self, what: str) -> Iterator[None]:
+        """Count a call adding to the commit from any thread (a carry) as a joined block
+        while it runs, so that a publish begun meanwhile waits for it; CommitStateError
+        (``cannot <what> ...``) if the commit ended or is being published. Its error
+        propagates without aborting the commit (a refused carry changes nothing)."""
+        self._require_open(what)
+        me = threading.get_ident()
+        with self._cond:
+            if self._sealed or self._state != "open":
+                raise CommitStateError(
+                    f"cannot {what} the commit of {self.name}: it is being published, and "
+                    "what is added now would not be in it",
+                    path=self.path,
+                    step=self._step,
+                )
+            self._joiners[me] = self._joiners.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                left = self._joiners.get(me, 0) - 1
+                if left > 0:
+                    self._joiners[me] = left
+                else:
+                    self._joiners.pop(me, None)
+                self._cond.notify_all()
+
     def leave_join(self, exc: BaseException | None) -> None:
         """Count a joined block ending; ``exc``, its error, aborts the commit. Leaving
         normally a commit that was aborted meanwhile raises CommitStateError (the part

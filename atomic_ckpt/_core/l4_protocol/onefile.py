@@ -184,7 +184,13 @@ def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False)
                 )
             if durable:
                 _fs.fsync_file(tmp)  # 2. the data, before the name can point at it
-            _fs.rename(tmp, target)  # 3. the commit point
+            if _same_file(st, target):
+                # The block made tmp another link of the very file at ``target`` (a dedup
+                # link to the previous save, saved here again): rename(2) of two links of
+                # one inode does nothing and would leave tmp behind, keeping it alive.
+                os.unlink(tmp)
+            else:
+                _fs.rename(tmp, target)  # 3. the commit point
         except BaseException as exc:
             _discard(tmp, exc)
             if isinstance(exc, OSError):
@@ -192,6 +198,14 @@ def atomic_write(path: PathLike, *, durable: bool = True, parents: bool = False)
             raise
         if durable:
             _fsync_directory(directory, target, "the new file")  # 4. the rename, durably
+
+
+def _same_file(st: os.stat_result, target: Path) -> bool:
+    """Whether ``target`` is the file ``st`` describes (its name already names it)."""
+    try:
+        return os.path.samestat(st, os.lstat(target))
+    except OSError:
+        return False
 
 
 def _forked(pid: int, target: Path) -> CommitStateError:
