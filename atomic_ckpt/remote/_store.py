@@ -54,6 +54,12 @@ class EndpointUnreachable(OSError):
     it into one, naming the root."""
 
 
+class DeadlineExceeded(OSError):
+    """An operation's requests kept failing for ``retry_deadline`` (:mod:`._http`). No
+    TimeoutError, so that no client retries it: a store turns it into one, naming the
+    root."""
+
+
 class PreconditionFailed(Exception):
     """A conditional write found the key not in the state it required (HTTP 412)."""
 
