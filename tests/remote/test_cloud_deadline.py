@@ -230,3 +230,33 @@ def test_a_manifest_write_applied_then_a_dead_store_is_never_committed_twice(
         assert proxy.writes - before == 1, proxy.writes - before  # applied once
     finally:
         proxy.stop()
+
+
+@pytest.mark.parametrize("operation", ["steps", "clean", "probe", "fetch"])
+def test_every_request_path_ends_at_the_deadline(
+    emulator: Emulator,
+    cloud_url: str,
+    tmp_path: Path,
+    proxy: StoppingProxy,
+    operation: str,
+) -> None:
+    """Listing (steps), clean (listing, reads, deletes), the conditional-write probe and a
+    fetch against a store that stopped answering: each a TimeoutError within
+    retry_deadline=2 (the probe does not wait out another deleting its object)."""
+    rdir = _root(emulator, cloud_url, tmp_path, proxy, retry_deadline=2)
+    with rdir.commit(1) as path:
+        write_tree(path, 6)
+    fresh = _root(emulator, cloud_url, tmp_path, proxy, retry_deadline=2)  # not yet probed
+    proxy.set("blackhole")
+    calls = {
+        "steps": rdir.steps,
+        "clean": lambda: rdir.clean(grace=0),
+        "probe": fresh.check_conditional_writes,
+        "fetch": lambda: rdir.fetch(1, tmp_path / "got"),
+    }
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="retry_deadline"):
+        calls[operation]()
+    took = time.monotonic() - start
+    assert proxy.fired, "the proxy never failed a request"
+    assert took < 2 + 2, f"{took:.1f} s"
