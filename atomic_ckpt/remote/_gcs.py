@@ -74,6 +74,13 @@ def load_gcs() -> None:
         _G["auth"] = importlib.import_module("google.auth")
         _G["service_account"] = importlib.import_module("google.oauth2.service_account")
         _G["corrupt"] = _media_errors()
+        exc, requests = _G["exc"], importlib.import_module("requests")
+        _G["transient"] = (  # what DEFAULT_RETRY retries (google.cloud.storage.retry)
+            *(exc.TooManyRequests, exc.InternalServerError, exc.BadGateway),
+            *(exc.ServiceUnavailable, exc.GatewayTimeout, ConnectionError),
+            *(requests.ConnectionError, requests.exceptions.ChunkedEncodingError),
+            requests.Timeout,
+        )
     except ImportError:
         _G.clear()
         raise ImportError(
@@ -247,15 +254,18 @@ class GCSStore(Store):
                 f"{self.url}: {what}: access denied ({exc.code} {exc.message}): check the "
                 "credentials (storage_options token) and their roles on the bucket"
             ) from exc
+        except (exc_mod.RetryError, *_G["transient"]) as exc:
+            # What the client retries, raised: its retry ended at its timeout (the
+            # retry_deadline; google-cloud-storage 2.x's uploads and downloads raise the
+            # last error, 3.x a RetryError).
+            raise TimeoutError(
+                f"{self.url}: {what} kept failing at {self._endpoint()} until the "
+                f"storage_options retry_deadline ({type(exc).__name__}: {exc}): {_HINT}"
+            ) from exc
         except exc_mod.GoogleAPICallError as exc:
             raise OSError(f"{self.url}: {what} failed: {exc.code} {exc.message}") from exc
         except _G["corrupt"] as exc:  # the object's CRC32C is not the bytes' sent
             raise OSError(f"{self.url}: {what} failed: {exc}") from exc
-        except exc_mod.RetryError as exc:  # the retry's timeout: retry_deadline
-            raise TimeoutError(
-                f"{self.url}: {what} kept failing at {self._endpoint()} for the "
-                f"storage_options retry_deadline ({exc}): {_HINT}"
-            ) from exc
         except _G["auth"].exceptions.TransportError as exc:
             raise OSError(f"{self.url}: {what} failed: {exc}") from exc
         except _G["auth"].exceptions.GoogleAuthError as exc:  # refreshing them failed
