@@ -176,17 +176,14 @@ def _options(emulator: Emulator, endpoint: str, **extra: Any) -> dict[str, Any]:
 
 
 def _root(emulator: Emulator, url: str, tmp: Path, proxy: CuttingProxy, **extra: Any) -> Any:
-    options = _options(emulator, proxy.endpoint, **extra)
+    options = _options(emulator, proxy.endpoint, **{"retry_deadline": 20.0, **extra})
     if emulator.scheme == "az":
         from azure.storage.blob import LinearRetry
 
         options["client_kwargs"] = {
             "retry_policy": LinearRetry(backoff=0.05, random_jitter_range=0, retry_total=3)
         }
-    rdir = RemoteCheckpointDir(url, storage_options=options, staging_dir=tmp / "staging")
-    if emulator.scheme == "gs":
-        rdir._store.retry = rdir._store.retry.with_timeout(20.0)  # type: ignore[attr-defined]
-    return rdir
+    return RemoteCheckpointDir(url, storage_options=options, staging_dir=tmp / "staging")
 
 
 @pytest.mark.parametrize("refuse_for", [0.0, 1.2], ids=["answer-lost", "then-refused"])
@@ -274,7 +271,7 @@ def test_an_outage_after_the_endpoint_answered_is_left_to_the_clients_retries(
     proxy = CuttingProxy(emulator.endpoint, cut=0)
     refused = Refusals(monkeypatch)
     try:
-        options = _options(emulator, proxy.endpoint, connect_retries=0)
+        options = _options(emulator, proxy.endpoint, connect_retries=0, retry_deadline=20)
         if emulator.scheme == "az":
             from azure.storage.blob import LinearRetry
 
@@ -284,8 +281,6 @@ def test_an_outage_after_the_endpoint_answered_is_left_to_the_clients_retries(
         rdir = RemoteCheckpointDir(
             cloud_url, storage_options=options, staging_dir=tmp_path / "staging"
         )
-        if emulator.scheme == "gs":
-            rdir._store.retry = rdir._store.retry.with_timeout(20.0)  # type: ignore[attr-defined]
         assert rdir.steps() == []  # the endpoint answered
         proxy.refuse_for = 1.5
         proxy.outage()
