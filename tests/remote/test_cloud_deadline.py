@@ -145,11 +145,11 @@ def _root(emulator: Emulator, url: str, tmp: Path, proxy: Any, **extra: Any) -> 
 def test_a_store_that_stops_answering_fails_within_retry_deadline(
     emulator: Emulator, cloud_url: str, tmp_path: Path, proxy: StoppingProxy, mode: str
 ) -> None:
-    """retry_deadline=3: a commit against a store that stopped answering (no answer, 503
+    """retry_deadline=2: a commit against a store that stopped answering (no answer, 503
     forever, connections refused once it had answered) is a TimeoutError within the
     deadline (and the last try's wait and connection retries), naming the root, the
     endpoint and retry_deadline; once the store answers again the old step is whole."""
-    rdir = _root(emulator, cloud_url, tmp_path, proxy, retry_deadline=3)
+    rdir = _root(emulator, cloud_url, tmp_path, proxy, retry_deadline=2)
     with rdir.commit(1) as path:
         expected = write_tree(path, 1)
     rdir.check_conditional_writes()
@@ -159,7 +159,7 @@ def test_a_store_that_stops_answering_fails_within_retry_deadline(
         write_tree(path, 2)
     took = time.monotonic() - start
     assert proxy.fired, f"the proxy never failed a request ({mode})"
-    assert took < 3 + 4.5, f"{took:.1f} s"  # 3.5 s: refused connections' connect_retries
+    assert took < 2 + 4.5, f"{took:.1f} s"  # 3.5 s: refused connections' connect_retries
     message = str(caught.value)
     assert cloud_url in message
     assert proxy.endpoint in message
@@ -232,7 +232,7 @@ def test_a_manifest_write_applied_then_a_dead_store_is_never_committed_twice(
         proxy.stop()
 
 
-@pytest.mark.parametrize("operation", ["steps", "clean", "probe", "fetch"])
+@pytest.mark.parametrize("operation", ["clean", "probe", "fetch"])
 def test_every_request_path_ends_at_the_deadline(
     emulator: Emulator,
     cloud_url: str,
@@ -240,16 +240,16 @@ def test_every_request_path_ends_at_the_deadline(
     proxy: StoppingProxy,
     operation: str,
 ) -> None:
-    """Listing (steps), clean (listing, reads, deletes), the conditional-write probe and a
-    fetch against a store that stopped answering: each a TimeoutError within
-    retry_deadline=2 (the probe does not wait out another deleting its object)."""
+    """clean (listing, reads, deletes), the conditional-write probe and a fetch (a
+    commit's reads and listings: the test above) against a store that stopped answering:
+    each a TimeoutError within retry_deadline=2 (the probe does not wait out another
+    deleting its object)."""
     rdir = _root(emulator, cloud_url, tmp_path, proxy, retry_deadline=2)
     with rdir.commit(1) as path:
         write_tree(path, 6)
     fresh = _root(emulator, cloud_url, tmp_path, proxy, retry_deadline=2)  # not yet probed
     proxy.set("blackhole")
     calls = {
-        "steps": rdir.steps,
         "clean": lambda: rdir.clean(grace=0),
         "probe": fresh.check_conditional_writes,
         "fetch": lambda: rdir.fetch(1, tmp_path / "got"),

@@ -163,6 +163,17 @@ class Refusals:
         monkeypatch.setattr(urllib3.util.connection, "create_connection", connect)
 
 
+def _wait_for_listener(port: int, limit: float = 10.0) -> None:
+    """Return once 127.0.0.1:``port`` accepts connections (at most ``limit`` seconds)."""
+    until = time.monotonic() + limit
+    while time.monotonic() < until:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"127.0.0.1:{port} still refuses connections after {limit} s")
+
+
 def _options(emulator: Emulator, endpoint: str, **extra: Any) -> dict[str, Any]:
     if emulator.scheme == "gs":
         return {"endpoint_url": endpoint, **extra}
@@ -252,7 +263,7 @@ def test_a_connection_refused_past_connect_retries_after_the_write_landed(
             assert not isinstance(caught.value, ConnectionError)  # no wrong endpoint
         assert proxy.cuts == 1
         assert refused.count >= 2, refused.count  # connect_retries=1: two tries at least
-        time.sleep(3.0)
+        _wait_for_listener(proxy.port)  # the outage's end (GCS's commit outlasted it)
         assert rdir.steps() == [1]
         assert read_tree(rdir.fetch(1, tmp_path / "got").path) == expected
     finally:
