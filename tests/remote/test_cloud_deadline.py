@@ -260,3 +260,32 @@ def test_every_request_path_ends_at_the_deadline(
     took = time.monotonic() - start
     assert proxy.fired, "the proxy never failed a request"
     assert took < 2 + 2, f"{took:.1f} s"
+
+
+def test_a_mirror_upload_to_a_store_that_stopped_answering_fails_within_the_deadline(
+    emulator: Emulator, cloud_url: str, tmp_path: Path, proxy: StoppingProxy
+) -> None:
+    """A Mirror's background upload to a blackholed store: the local commit returns at
+    once, ``wait`` raises the upload's TimeoutError within retry_deadline=2 (it blocked
+    for the clients' minutes before), and the remote keeps the step it had."""
+    from atomic_ckpt import CheckpointDir
+    from atomic_ckpt.remote import Mirror
+
+    remote = _root(emulator, cloud_url, tmp_path, proxy, retry_deadline=2)
+    with remote.commit(1) as path:
+        expected = write_tree(path, 7)
+    mirror = Mirror(CheckpointDir(tmp_path / "local"), remote, snapshot_dir=tmp_path / "snap")
+    proxy.set("blackhole")
+    start = time.monotonic()
+    with mirror.commit(2) as path:
+        write_tree(path, 8)
+    with pytest.raises(TimeoutError, match="retry_deadline"):
+        mirror.wait()
+    took = time.monotonic() - start
+    assert proxy.fired, "the proxy never failed a request"
+    assert took < 2 + 3, f"{took:.1f} s"
+    proxy.set("forward")
+    with contextlib.suppress(Exception):
+        mirror.close()
+    assert remote.steps() == [1]
+    assert read_tree(remote.fetch(1, tmp_path / "got").path) == expected
