@@ -13,6 +13,7 @@ PermissionError, transport failures OSErrors.
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import importlib
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from atomic_ckpt.remote._store import (
+    DeadlineExceeded,
     EndpointUnreachable,
     NoSuchBucketError,
     ObjectInfo,
@@ -49,6 +51,7 @@ _OPTIONS = (
     "connection_timeout",
     "read_timeout",
     "connect_retries",
+    "retry_deadline",
 )
 _HINT = (
     "check the endpoint (the connection string's BlobEndpoint, or storage_options "
@@ -99,8 +102,15 @@ def open_azure(url: str, root: str, options: dict[str, Any]) -> AzureStore:
     session = _A["requests"].Session()
     kwargs: dict[str, Any] = {
         "transport": _A["transport"].RequestsTransport(session=session, session_owner=False),
+        # The SDK's default retry sleeps 15 s, then 18 s, 24 s: within retry_deadline (30 s
+        # by default) that is one retry. 1 s, 3 s, 5 s, 9 s... apart, a restart of a few
+        # seconds is ridden out (_bounded ends the tries at the deadline).
+        "retry_policy": _A["blob"].ExponentialRetry(
+            initial_backoff=1, increment_base=2, retry_total=10, random_jitter_range=0.5
+        ),
         **(options.get("client_kwargs") or {}),
     }
+    kwargs["retry_policy"] = _bounded(kwargs["retry_policy"], reach)
     service = _A["blob"].BlobServiceClient
     connection = options.get("connection_string") or env.get("AZURE_STORAGE_CONNECTION_STRING")
     if connection and not options.get("account_name"):
@@ -137,6 +147,17 @@ def open_azure(url: str, root: str, options: dict[str, Any]) -> AzureStore:
             raise ValueError(f"{url}: {exc}") from None
     _http.mount(session, reach, _HINT)
     return AzureStore(url, client, container, prefix, session)
+
+
+def _bounded(policy: Any, reach: Any) -> Any:
+    """``policy`` (the client's retry policy, ours or the caller's) whose sleeps between
+    tries end with what is left of ``retry_deadline`` (the next try then fails at once)."""
+    from atomic_ckpt.remote import _http
+
+    policy = copy.copy(policy)  # a caller's policy object stays as it was
+    backoff = policy.get_backoff_time
+    policy.get_backoff_time = lambda settings: _http.retry_sleep(backoff(settings), reach)
+    return policy
 
 
 def _credential(url: str, options: dict[str, Any], account: str | None) -> Any:
@@ -198,11 +219,16 @@ class AzureStore(Store):
         ``BlobNotFound`` is a missing blob: any other (``ContainerNotFound``, a listing's
         404, or no Azure error code at all: a wrong endpoint) means no container there,
         never "no such checkpoint"."""
+        from atomic_ckpt.remote import _http
+
         exc = _A["exc"]
+        _http.begin_operation()
         try:
             return fn()
         except EndpointUnreachable as err:
             raise ConnectionError(f"{self.url}: {what}: {err}") from err
+        except DeadlineExceeded as err:
+            raise TimeoutError(f"{self.url}: {what}: {err}") from err
         except exc.ResourceNotFoundError as err:
             code = str(getattr(err, "error_code", ""))
             if listing or not code.endswith("BlobNotFound"):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from atomic_ckpt.remote._store import (
+    DeadlineExceeded,
     EndpointUnreachable,
     NoSuchBucketError,
     ObjectInfo,
@@ -51,6 +52,7 @@ _OPTIONS = (
     "connection_timeout",
     "read_timeout",
     "connect_retries",
+    "retry_deadline",
 )
 _HINT = (
     "check the endpoint (storage_options endpoint_url, or STORAGE_EMULATOR_HOST; neither: "
@@ -72,6 +74,13 @@ def load_gcs() -> None:
         _G["auth"] = importlib.import_module("google.auth")
         _G["service_account"] = importlib.import_module("google.oauth2.service_account")
         _G["corrupt"] = _media_errors()
+        exc, requests = _G["exc"], importlib.import_module("requests")
+        _G["transient"] = (  # what DEFAULT_RETRY retries (google.cloud.storage.retry)
+            *(exc.TooManyRequests, exc.InternalServerError, exc.BadGateway),
+            *(exc.ServiceUnavailable, exc.GatewayTimeout, ConnectionError),
+            *(requests.ConnectionError, requests.exceptions.ChunkedEncodingError),
+            requests.Timeout,
+        )
     except ImportError:
         _G.clear()
         raise ImportError(
@@ -155,6 +164,11 @@ def open_gcs(url: str, root: str, options: dict[str, Any]) -> GCSStore:
     except ValueError as exc:  # e.g. client_kwargs the client refuses
         raise ValueError(f"{url}: {exc}") from None
     store = GCSStore(url, client, root)
+    # The client's retry (1 s, 2 s, 4 s... apart) given up after retry_deadline, and never
+    # a sleep over a quarter of it (its 60 s would leave one try in the deadline).
+    store.retry = store.retry.with_timeout(reach.retry_deadline).with_delay(
+        maximum=max(1.0, reach.retry_deadline / 4)
+    )
     _http.mount(store.session, reach, _HINT)
     return store
 
@@ -193,6 +207,9 @@ class GCSStore(Store):
     def _prefix(self, prefix: str) -> str:
         return self._key(prefix) if prefix else (f"{self.base}/" if self.base else "")
 
+    def _endpoint(self) -> str:
+        return str(getattr(getattr(self.fs, "_connection", None), "API_BASE_URL", "") or "?")
+
     def _no_bucket(self) -> NoSuchBucketError:
         endpoint = getattr(self.fs, "_connection", None)
         where = getattr(endpoint, "API_BASE_URL", "")
@@ -209,11 +226,16 @@ class GCSStore(Store):
         (``missing_ok``), NoSuchBucketError, PermissionError, OSError. A ``write`` (an
         upload) answered 404 in a bucket that exists lost its resumable session (expired,
         or the server restarted): an OSError, never a FileNotFoundError."""
+        from atomic_ckpt.remote import _http
+
         exc_mod = _G["exc"]
+        _http.begin_operation()
         try:
             out = fn()
         except EndpointUnreachable as exc:
             raise ConnectionError(f"{self.url}: {what}: {exc}") from exc
+        except DeadlineExceeded as exc:
+            raise TimeoutError(f"{self.url}: {what}: {exc}") from exc
         except exc_mod.PreconditionFailed as exc:
             raise PreconditionFailed(f"{self.url}: {what}") from exc
         except exc_mod.NotFound as exc:
@@ -232,12 +254,18 @@ class GCSStore(Store):
                 f"{self.url}: {what}: access denied ({exc.code} {exc.message}): check the "
                 "credentials (storage_options token) and their roles on the bucket"
             ) from exc
+        except (exc_mod.RetryError, *_G["transient"]) as exc:
+            # What the client retries, raised: its retry ended at its timeout (the
+            # retry_deadline; google-cloud-storage 2.x's uploads and downloads raise the
+            # last error, 3.x a RetryError).
+            raise TimeoutError(
+                f"{self.url}: {what} kept failing at {self._endpoint()} until the "
+                f"storage_options retry_deadline ({type(exc).__name__}: {exc}): {_HINT}"
+            ) from exc
         except exc_mod.GoogleAPICallError as exc:
             raise OSError(f"{self.url}: {what} failed: {exc.code} {exc.message}") from exc
         except _G["corrupt"] as exc:  # the object's CRC32C is not the bytes' sent
             raise OSError(f"{self.url}: {what} failed: {exc}") from exc
-        except exc_mod.RetryError as exc:
-            raise OSError(f"{self.url}: {what} kept failing: {exc}") from exc
         except _G["auth"].exceptions.TransportError as exc:
             raise OSError(f"{self.url}: {what} failed: {exc}") from exc
         except _G["auth"].exceptions.GoogleAuthError as exc:  # refreshing them failed

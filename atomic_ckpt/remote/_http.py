@@ -13,18 +13,29 @@ and which the store reports as a ``ConnectionError`` naming the endpoint and wha
 check. Once it has answered, a connection that cannot be made is an outage, left to
 the client's retries like a lost answer. Everything
 else (a 5xx, a connection dropped mid-request, a lost answer) is left to the client's
-own retries, which the conditional writes make safe.
+own retries, which the conditional writes make safe, within ``retry_deadline``: once a
+request of an operation (a read, a listing, an upload, a delete, a conditional write)
+has failed (no answer within the read timeout, a connection dropped or refused, a 429 or
+5xx), the operation's requests are retried for ``retry_deadline`` seconds from the start
+of that request, then :class:`DeadlineExceeded`, which neither client retries either and
+the store reports as a ``TimeoutError`` naming the endpoint. Any answer below 500 starts
+the clock again, so a long upload that keeps answering is never cut off. The wait for an
+answer and the clients' sleeps between tries are cut to what is left of it, so a store
+that stops answering fails within ``retry_deadline`` (the clients' own policies waited
+~120 s on GCS, ~130 s on Azure), and a server restart of a few seconds is ridden out.
 """
 
 from __future__ import annotations
 
 import importlib
 import socket
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from atomic_ckpt.remote._store import EndpointUnreachable
+from atomic_ckpt.remote._store import DeadlineExceeded, EndpointUnreachable
 
 # requests and urllib3 come with both clients; imported as modules of type Any, so that
 # mypy --strict needs no stubs for them.
@@ -34,11 +45,14 @@ _urllib3_exc: Any = importlib.import_module("urllib3.exceptions")
 _Retry: Any = importlib.import_module("urllib3.util.retry").Retry
 _pools: Any = importlib.import_module("urllib3.connectionpool")
 
-OPTIONS = ("connection_timeout", "read_timeout", "connect_retries")
+OPTIONS = ("connection_timeout", "read_timeout", "connect_retries", "retry_deadline")
+"""The storage_options read here (for gs:// and az:// alike)."""
 _LONGEST = float(1 << 31)
 """The longest timeout taken, in seconds (68 years): a socket cannot wait past ~9e9 s
 (every request would fail with an OverflowError), nor forever (inf)."""
-"""The storage_options read here (for gs:// and az:// alike)."""
+_state = threading.local()
+"""This thread's operation: ``failing`` (monotonic time its first failed request began,
+or None), ``why`` (how the last one failed)."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +65,14 @@ class Reach:
     """Seconds to wait for an answer once connected (None: the client's, 60 s)."""
     connect_retries: int = 3
     """Further tries of a connection that could not be made."""
+    retry_deadline: float = 30.0
+    """Seconds an operation's failing requests are retried (from the first failure's start)."""
 
     @classmethod
     def from_options(cls, url: str, options: dict[str, Any]) -> Reach:
         """The settings in ``options`` (ValueError naming the bad one)."""
         got: dict[str, Any] = {}
-        for name in ("connection_timeout", "read_timeout"):
+        for name in ("connection_timeout", "read_timeout", "retry_deadline"):
             value = options.get(name)
             if value is None:
                 continue
@@ -136,9 +152,16 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
         return manager
 
     def send(self, request: Any, *args: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        start = time.monotonic()
+        left = self.reach.retry_deadline - _failing_for(start)
+        if left <= 0:
+            raise self._gave_up(request, start)
         read = self.reach.read_timeout
         if read is None:
             read = timeout[1] if isinstance(timeout, tuple) else timeout
+        # No wait for an answer past what is left of the deadline (an answer that stops
+        # coming is a failure like any: the client retries it, until the deadline).
+        read = left if read is None else min(read, left)
         try:
             # urllib3 sends the request under its "connect" timeout and waits for the
             # answer under the read one: both are the read timeout here, the connection
@@ -147,14 +170,14 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
         except _requests.ConnectionError as exc:
             endpoint = endpoint_of(str(request.url))
             if endpoint in self.answered:  # an outage of an endpoint that answered: the
-                raise  # client retries
+                self._failed(request, start, exc)  # client retries, within the deadline
             reason = getattr(exc.args[0] if exc.args else None, "reason", None)
             if isinstance(reason, _urllib3_exc.ProxyError):  # the proxy's connection
                 reason = reason.original_error
                 proxy = _proxy_of(kwargs.get("proxies"), endpoint)
                 endpoint = f"the proxy {proxy} (HTTP(S)_PROXY, for {endpoint})"
             if not isinstance(reason, _urllib3_exc.ConnectTimeoutError):  # refused, DNS, timeout
-                raise
+                self._failed(request, start, exc)
             tries = self.reach.connect_retries + 1
             raise EndpointUnreachable(
                 f"cannot connect to {endpoint} ({_why(reason)}; {tries} "
@@ -162,8 +185,52 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
                 f"each at most): {self.hint}; storage_options connection_timeout and "
                 "connect_retries bound how long this takes"
             ) from exc
+        except _requests.RequestException as exc:  # a timeout, a broken answer
+            self._failed(request, start, exc)
         self.answered.add(endpoint_of(str(request.url)))
+        if answer.status_code >= 500 or answer.status_code == 429:
+            if getattr(_state, "failing", None) is None:
+                _state.failing = start
+            _state.why = f"answered {answer.status_code} {answer.reason}"
+        else:
+            _state.failing = None
         return answer
+
+    def _failed(self, request: Any, start: float, exc: BaseException) -> Any:
+        """Record a request that failed; re-raise it for the client to retry, or raise
+        :class:`DeadlineExceeded` if the operation's deadline has passed meanwhile."""
+        if getattr(_state, "failing", None) is None:
+            _state.failing = start
+        _state.why = _why(getattr(exc.args[0] if exc.args else None, "reason", exc))
+        if _failing_for(time.monotonic()) >= self.reach.retry_deadline:
+            raise self._gave_up(request, start) from exc
+        raise exc
+
+    def _gave_up(self, request: Any, now: float) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"{endpoint_of(str(request.url))} has not answered for {_failing_for(now):.1f} s "
+            f"of retries (last: {getattr(_state, 'why', '?')}): {self.hint}; "
+            f"storage_options retry_deadline ({self.reach.retry_deadline:g} s) bounds how "
+            "long a failing request is retried"
+        )
+
+
+def begin_operation() -> None:
+    """Start this thread's operation: its deadline runs from its first failed request."""
+    _state.failing = None
+
+
+def _failing_for(now: float) -> float:
+    """Seconds since this thread's operation first failed (0: it has not)."""
+    failing = getattr(_state, "failing", None)
+    return 0.0 if failing is None else max(0.0, now - failing)
+
+
+def retry_sleep(seconds: float, reach: Reach) -> float:
+    """A client's sleep before its next try, cut to what is left of the deadline (the
+    next try then fails with :class:`DeadlineExceeded` at once)."""
+    left = reach.retry_deadline - _failing_for(time.monotonic())
+    return max(0.0, min(seconds, left))
 
 
 def _fast_connecting(pool: Any, limit: float) -> Any:

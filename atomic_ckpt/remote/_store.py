@@ -54,6 +54,12 @@ class EndpointUnreachable(OSError):
     it into one, naming the root."""
 
 
+class DeadlineExceeded(OSError):
+    """An operation's requests kept failing for ``retry_deadline`` (:mod:`._http`). No
+    TimeoutError, so that no client retries it: a store turns it into one, naming the
+    root."""
+
+
 class PreconditionFailed(Exception):
     """A conditional write found the key not in the state it required (HTTP 412)."""
 
@@ -137,6 +143,7 @@ class Store(ABC):
         def payload(n: int) -> bytes:
             return f"probe {n}\n".encode().ljust(size, b".")
 
+        gone = False
         try:
             etag = self.create(key, payload(1))
             try:
@@ -160,9 +167,15 @@ class Store(ABC):
                 f"a write conditional on the object's own ETag ({self.replace_condition}) "
                 "was refused"
             )
+        except (TimeoutError, ConnectionError):
+            # The store stopped answering: deleting would wait out another retry_deadline
+            # (clean() removes a probe's leftovers).
+            gone = True
+            raise
         finally:
-            with contextlib.suppress(OSError):
-                self.delete([key])
+            if not gone:
+                with contextlib.suppress(OSError):
+                    self.delete([key])
 
     # ------------------------------------------------------------ objects
 

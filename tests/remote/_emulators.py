@@ -255,12 +255,11 @@ class HttpFault:
 
 def fast_root(emulator: Emulator, url: str, tmp: Path, **extra: Any) -> RemoteCheckpointDir:
     """A RemoteCheckpointDir on ``url`` whose client gives up fast: Azure 3 retries 50 ms
-    apart (the SDK's first backoff is 15 s), GCS retrying for ``gcs_retry`` seconds
-    (default 10; the client's is 120). Small parts: a file of 5 MiB goes in parts."""
+    apart, GCS retrying for ``retry_deadline`` seconds (default 10; the storage option's
+    own is 30), both bounded by it. Small parts: a file of 5 MiB goes in parts."""
     from atomic_ckpt.remote import RemoteCheckpointDir
 
-    gcs_retry = extra.pop("gcs_retry", 10.0)
-    options = emulator.options()
+    options = emulator.options(retry_deadline=extra.pop("retry_deadline", 10.0))
     if emulator.scheme == "az":
         from azure.storage.blob import LinearRetry
 
@@ -275,8 +274,6 @@ def fast_root(emulator: Emulator, url: str, tmp: Path, **extra: Any) -> RemoteCh
         multipart_threshold=5 << 20,
         **extra,
     )
-    if emulator.scheme == "gs":
-        rdir._store.retry = rdir._store.retry.with_timeout(gcs_retry)  # type: ignore[attr-defined]
     return rdir
 
 

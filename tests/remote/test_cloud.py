@@ -217,8 +217,9 @@ def test_a_request_that_keeps_failing_leaves_the_old_checkpoint(
     emulator: Emulator, cloud_url: str, tmp_path: Path, method: str, match: str
 ) -> None:
     """Replacing step 1 while one kind of request fails every time: an OSError, and step 1
-    still shows its old contents, bit-exact."""
-    rdir = _open(emulator, cloud_url, tmp_path)
+    still shows its old contents, bit-exact. (retry_deadline=2: GCS retries a 500 for 10 s
+    otherwise, each operation; a few tries prove the same.)"""
+    rdir = _open(emulator, cloud_url, tmp_path, retry_deadline=2)
     with rdir.commit(1) as path:
         old = write_tree(path, 1)
     fault = HttpFault(method, "500", match, times=1000)

@@ -61,7 +61,7 @@ def test_a_network_lost_at_each_request_leaves_the_old_checkpoint(
     OSError and step 1 is still the previous commit's, bit-exact; after it, the commit
     returns (the old attempt's deletion is best effort) and step 1 is the new one.
     Then clean(grace=0) leaves only the referenced attempt and no staged blocks."""
-    rdir = fast_root(emulator, cloud_url, tmp_path, workers=1, gcs_retry=0.5)
+    rdir = fast_root(emulator, cloud_url, tmp_path, workers=1, retry_deadline=0.5)
     net = Partition()
     Hook(net.around).install(rdir._store)
     current = _replace(rdir, 1)  # the probe runs here, not in the counted replaces
