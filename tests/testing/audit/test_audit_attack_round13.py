@@ -1,0 +1,142 @@
+"""Round 13 of the outside attacks on ``atomic-ckpt audit`` (issue 29's definition of done:
+every system call that can change a file, a name or durability under the root is modelled
+exactly or refused). Each test is a workload a real crash treats one way and the audit
+another; the ones still open are marked xfail (strict), so the branch stays green.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _audit_scripts import needs_strace
+
+from atomic_ckpt.testing import audit
+from atomic_ckpt.testing.audit._errors import CannotRebuild
+from atomic_ckpt.testing.audit._materialize import aside_path
+
+pytestmark = needs_strace
+
+needs_x86_64_gcc = pytest.mark.skipif(
+    platform.machine() != "x86_64" or shutil.which("gcc") is None,
+    reason="the 32-bit system call is made with int $0x80 from an x86-64 C program",
+)
+
+
+def compile_c(tmp_path: Path, name: str, source: str) -> str:
+    (tmp_path / f"{name}.c").write_text(source)
+    exe = tmp_path / name
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / f"{name}.c")], check=True)
+    return str(exe)
+
+
+# ---- 1. the i386 system calls of a 64-bit (or 32-bit) process are not the table's names
+
+FTRUNCATE64_BY_INT80 = r"""
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+/* ckpt.bin rewritten in place: cut to 0 bytes by the i386 ftruncate64 (int $0x80, number
+   194; a 32-bit program's glibc ftruncate is this call), then written and fsynced */
+static long ftruncate64_i386(int fd, unsigned long length) {
+    long ret;
+    __asm__ volatile("int $0x80" : "=a"(ret) : "a"(194), "b"(fd), "c"(length), "d"(0) : "memory");
+    return ret;
+}
+int main(int argc, char **argv) {
+    char path[4096], buf[4096];
+    strcpy(path, argv[1]);
+    strcat(path, "/ckpt.bin");
+    int fd = open(path, O_RDWR);
+    if (fd < 0 || ftruncate64_i386(fd, 0) != 0) return 3;
+    memset(buf, 2, sizeof buf);
+    if (write(fd, buf, sizeof buf) != (long)sizeof buf) return 4;
+    return fsync(fd) || close(fd);
+}
+"""
+
+
+def four_kib(root: Path) -> None:
+    size = (root / "ckpt.bin").stat().st_size
+    assert size == 4096, f"ckpt.bin holds {size} bytes"
+
+
+@needs_x86_64_gcc
+@pytest.mark.xfail(
+    strict=True,
+    reason="round 13 defect 1: strace traces the i386 personality by its own names "
+    "(ftruncate64, truncate64, fcntl64, _llseek, mmap2, sendfile64...), none in the table, "
+    "and -qq hides the personality switch: a 32-bit call that cuts a file is invisible",
+)
+def test_a_32_bit_ftruncate64_is_modelled_or_refused(tmp_path: Path) -> None:
+    """A kill right after the ftruncate64 leaves ckpt.bin empty; the audit never saw the
+    cut, so every state it built holds 4096 bytes, and it called the save clean."""
+    exe = compile_c(tmp_path, "ftruncate64", FTRUNCATE64_BY_INT80)
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (root / "ckpt.bin").write_bytes(b"\1" * 4096)
+    try:
+        report = audit([exe, str(root)], four_kib, root=root)
+    except CannotRebuild:  # refused (exit 2): as sound as modelling it
+        report = None
+    assert report is None or not report.ok, "a kill after the ftruncate64 leaves ckpt.bin empty"
+    assert (root / "ckpt.bin").read_bytes() == b"\1" * 4096
+
+
+# ---- 2. a mount the workload leaves inside the tree: the clean-up crosses into it
+
+needs_root_mount = pytest.mark.skipif(
+    sys.platform != "linux" or shutil.which("mount") is None or os.geteuid() != 0,
+    reason="the workload bind-mounts a directory, which needs root",
+)
+
+
+def unmount_under(top: Path) -> None:
+    """Unmount every mount below ``top`` (a same-filesystem bind mount is no
+    os.path.ismount: /proc/self/mounts tells)."""
+    for _ in range(10):
+        with open("/proc/self/mounts") as f:
+            points = [line.split()[1] for line in f]
+        below = [
+            p.encode().decode("unicode_escape")
+            for p in points
+            if p.startswith(str(top) + "/")
+        ]
+        if not below:
+            return
+        for point in reversed(below):
+            subprocess.run(["umount", "-l", point], check=False)
+
+
+@needs_root_mount
+@pytest.mark.xfail(
+    strict=True,
+    reason="round 13 defect 2: the mount is refused, but removing the workload's tree "
+    "(shutil.rmtree) descends into the bind mount and deletes the mounted directory's "
+    "files outside the root, then the original cannot be put back (Directory not empty) "
+    "and stays parked in .atomic-ckpt-audit/",
+)
+def test_a_mount_left_inside_the_tree_never_costs_data_outside_it(tmp_path: Path) -> None:
+    """The mount is refused (exit 2), and nothing outside the root is touched: the files
+    of the bind-mounted directory stay, and the user's directory is put back."""
+    outside = tmp_path / "shared"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("the user's data, outside the audited directory")
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (root / "orig.txt").write_text("the user's checkpoint")
+    workload = f"mkdir {root}/m && mount --bind {outside} {root}/m && echo w > {root}/f"
+    try:
+        with pytest.raises(CannotRebuild):
+            audit(workload, "true", root=root)
+    finally:
+        unmount_under(tmp_path)
+        shutil.rmtree(aside_path(root), ignore_errors=True)  # parked there when it fails
+    assert (outside / "keep.txt").exists(), "the bind-mounted directory was emptied"
+    assert sorted(p.name for p in root.iterdir()) == ["orig.txt"]
+    assert (root / "orig.txt").read_text() == "the user's checkpoint"
