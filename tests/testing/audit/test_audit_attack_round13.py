@@ -17,7 +17,7 @@ import pytest
 from _audit_scripts import needs_strace
 
 from atomic_ckpt.testing import audit
-from atomic_ckpt.testing.audit._errors import CannotRebuild
+from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild
 from atomic_ckpt.testing.audit._materialize import aside_path
 
 pytestmark = needs_strace
@@ -140,3 +140,88 @@ def test_a_mount_left_inside_the_tree_never_costs_data_outside_it(tmp_path: Path
     assert (outside / "keep.txt").exists(), "the bind-mounted directory was emptied"
     assert sorted(p.name for p in root.iterdir()) == ["orig.txt"]
     assert (root / "orig.txt").read_text() == "the user's checkpoint"
+
+
+# ---- 3. a copy from a file outside the tree that the workload rewrites afterwards
+
+COPY_FROM_A_STAGING_FILE = """\
+# each step: the weights staged in a file outside the checkpoint directory (rewritten
+# every step), then copied over ROOT/ckpt.bin in place (copy_file_range) and fsynced
+import os, sys
+root, staging = sys.argv[1], sys.argv[2]
+for step in (1, 2):
+    with open(staging, "wb") as f:
+        f.write(bytes([step]) * 65536)
+    src = os.open(staging, os.O_RDONLY)
+    dst = os.open(os.path.join(root, "ckpt.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
+    left = 65536
+    while left:
+        left -= os.copy_file_range(src, dst, left)
+    os.fsync(dst)
+    os.close(src)
+    os.close(dst)
+"""
+
+
+def one_step(root: Path) -> None:
+    """ckpt.bin, if there, holds one step's weights (a stand-in for a checksum check)."""
+    path = root / "ckpt.bin"
+    if path.exists():
+        data = path.read_bytes()
+        assert len(set(data)) <= 1, f"ckpt.bin mixes steps {sorted(set(data))}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="round 13 defect 3: a copy in from outside takes the source's bytes as they are "
+    "after the run; step 1's copy is modelled with step 2's bytes, so the kill mid-copy "
+    "that mixes them is never built, and the final-tree check cannot see it (step 2 "
+    "overwrote them)",
+)
+def test_a_copy_from_a_staging_file_rewritten_later_is_modelled_or_refused(
+    tmp_path: Path,
+) -> None:
+    """A kill in step 2's copy leaves ckpt.bin half step 2, half step 1 (the audit finds
+    it when each step stages to a file of its own); with one staging file the audit saw
+    step 2's bytes in both copies and called it clean."""
+    workload = tmp_path / "copy_in.py"
+    workload.write_text(COPY_FROM_A_STAGING_FILE)
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    try:
+        report = audit(
+            [sys.executable, str(workload), str(root), str(tmp_path / "staging.bin")],
+            one_step,
+            root=root,
+        )
+    except CannotRebuild:
+        report = None
+    assert report is None or not report.ok
+
+
+# ---- 4. a root that is a bind mount of a directory on the same filesystem
+
+
+@needs_root_mount
+@pytest.mark.xfail(
+    strict=True,
+    reason="round 13 defect 4: os.path.ismount misses a bind mount of a directory of the "
+    "same filesystem (same st_dev, another inode), so the audit tries to rename the "
+    "mount point aside and exits 2 with a raw '[Errno 16] Device or resource busy' "
+    "(issue 29.19's wording regressed)",
+)
+def test_a_root_bind_mounted_from_the_same_filesystem_is_refused_as_a_mount_point(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "volume"
+    source.mkdir()
+    (source / "keep.txt").write_text("the user's data")
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    subprocess.run(["mount", "--bind", str(source), str(root)], check=True)
+    try:
+        with pytest.raises(AuditError, match="is a mount point"):
+            audit(f"echo y > {root}/y", "true", root=root)
+    finally:
+        unmount_under(tmp_path)
+    assert (source / "keep.txt").read_text() == "the user's data"
