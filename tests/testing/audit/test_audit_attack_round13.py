@@ -103,9 +103,7 @@ def unmount_under(top: Path) -> None:
         with open("/proc/self/mounts") as f:
             points = [line.split()[1] for line in f]
         below = [
-            p.encode().decode("unicode_escape")
-            for p in points
-            if p.startswith(str(top) + "/")
+            p.encode().decode("unicode_escape") for p in points if p.startswith(str(top) + "/")
         ]
         if not below:
             return
@@ -114,13 +112,6 @@ def unmount_under(top: Path) -> None:
 
 
 @needs_root_mount
-@pytest.mark.xfail(
-    strict=True,
-    reason="round 13 defect 2: the mount is refused, but removing the workload's tree "
-    "(shutil.rmtree) descends into the bind mount and deletes the mounted directory's "
-    "files outside the root, then the original cannot be put back (Directory not empty) "
-    "and stays parked in .atomic-ckpt-audit/",
-)
 def test_a_mount_left_inside_the_tree_never_costs_data_outside_it(tmp_path: Path) -> None:
     """The mount is refused (exit 2), and nothing outside the root is touched: the files
     of the bind-mounted directory stay, and the user's directory is put back."""
@@ -203,13 +194,6 @@ def test_a_copy_from_a_staging_file_rewritten_later_is_modelled_or_refused(
 
 
 @needs_root_mount
-@pytest.mark.xfail(
-    strict=True,
-    reason="round 13 defect 4: os.path.ismount misses a bind mount of a directory of the "
-    "same filesystem (same st_dev, another inode), so the audit tries to rename the "
-    "mount point aside and exits 2 with a raw '[Errno 16] Device or resource busy' "
-    "(issue 29.19's wording regressed)",
-)
 def test_a_root_bind_mounted_from_the_same_filesystem_is_refused_as_a_mount_point(
     tmp_path: Path,
 ) -> None:
@@ -290,3 +274,22 @@ def test_an_fdatasync_that_commits_no_transaction_does_not_make_earlier_names_du
 ) -> None:
     argv, root = fdatasync_workload(tmp_path, sync=True)
     assert not audit(argv, latest_is_whole, root=root).ok
+
+
+@needs_root_mount
+def test_a_mount_a_check_leaves_in_a_state_never_costs_data_outside_it(tmp_path: Path) -> None:
+    """A check that bind-mounts a directory into the state it is shown: the next state is
+    written without emptying the mounted directory (the mount is detached first)."""
+    outside = tmp_path / "shared"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("the user's data, outside the audited directory")
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    check = f"mkdir -p {root}/m && mount --bind {outside} {root}/m; true"
+    try:
+        report = audit(f"echo a > {root}/a; echo b > {root}/b", check, root=root)
+    finally:
+        unmount_under(tmp_path)
+    assert report.ok
+    assert (outside / "keep.txt").exists(), "the bind-mounted directory was emptied"
+    assert list(root.iterdir()) == []
