@@ -19,6 +19,8 @@ from _audit_scripts import needs_strace
 from atomic_ckpt.testing import audit
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild
 from atomic_ckpt.testing.audit._materialize import aside_path
+from atomic_ckpt.testing.audit._strace import read_calls
+from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 pytestmark = needs_strace
 
@@ -67,12 +69,6 @@ def four_kib(root: Path) -> None:
 
 
 @needs_x86_64_gcc
-@pytest.mark.xfail(
-    strict=True,
-    reason="round 13 defect 1: strace traces the i386 personality by its own names "
-    "(ftruncate64, truncate64, fcntl64, _llseek, mmap2, sendfile64...), none in the table, "
-    "and -qq hides the personality switch: a 32-bit call that cuts a file is invisible",
-)
 def test_a_32_bit_ftruncate64_is_modelled_or_refused(tmp_path: Path) -> None:
     """A kill right after the ftruncate64 leaves ckpt.bin empty; the audit never saw the
     cut, so every state it built holds 4096 bytes, and it called the save clean."""
@@ -86,6 +82,40 @@ def test_a_32_bit_ftruncate64_is_modelled_or_refused(tmp_path: Path) -> None:
         report = None
     assert report is None or not report.ok, "a kill after the ftruncate64 leaves ckpt.bin empty"
     assert (root / "ckpt.bin").read_bytes() == b"\1" * 4096
+
+
+def test_the_i386_names_are_replayed_as_their_x86_64_twins(tmp_path: Path) -> None:
+    """fcntl64 dups, _llseek moves the offset, ftruncate64 and truncate64 cut, mmap2 of
+    a writable descriptor shared is refused, as their x86-64 twins."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (root / "w").write_bytes(b"GOOD" * 1024)
+    lines = [
+        '100 openat(-100<{root}>, "w", 0x2) = 4<{root}/w>',
+        "100 fcntl64(4<{root}/w>, 0, 10) = 10<{root}/w>",
+        "100 _llseek(10<{root}/w>, 8, [8], 0) = 0",
+        '100 write(4<{root}/w>, "\\x", 2) = 2',
+        " | 00000  78 78                                            xx               ",
+        "100 ftruncate64(10<{root}/w>, 100) = 0",
+        '100 truncate64("{root}/w", 50) = 0',
+    ]
+    trace = tmp_path / "trace"
+    trace.write_text("\n".join(lines).format(root=root) + "\n")
+    rec = TraceRecorder(root)
+    rec.feed(read_calls(trace))
+    assert rec.refusals == []
+    found = rec._walk("w", follow=False)
+    assert found is not None
+    assert found[2] is not None
+    assert bytes(rec.content[found[2]]) == b"GOODGOODxxOD" + b"GOOD" * 9 + b"GO"
+    trace.write_text(
+        "\n".join([*lines[:1], "100 mmap2(NULL, 4096, 0x3, 0x1, 4<{root}/w>, 0) = 0xf7f00000"])
+        .format(root=root)
+        + "\n"
+    )
+    rec = TraceRecorder(root)
+    rec.feed(read_calls(trace))
+    assert [path for path, _ in rec.refusals] == ["w"]
 
 
 # ---- 2. a mount the workload leaves inside the tree: the clean-up crosses into it

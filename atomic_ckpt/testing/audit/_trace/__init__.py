@@ -67,7 +67,7 @@ _CHANGES = frozenset(
     {"write", "writev", "pwrite64", "pwritev", "pwritev2", "truncate", "ftruncate"}
     | {"fallocate", "sendfile", "copy_file_range", "open", "openat", "openat2", "creat"}
     | {"mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2"}
-    | {"link", "linkat", "symlink", "symlinkat"}
+    | {"link", "linkat", "symlink", "symlinkat", "truncate64", "ftruncate64", "sendfile64"}
 )
 """The modelled calls that change a file or a name (a sync that never returned is taken
 as not made: the pessimistic side)."""

@@ -124,6 +124,15 @@ class _Data(_Replay):
         if opened is not None and call.ret is not None:
             opened.pos = call.ret
 
+    def _sys__llseek(self, call: Call) -> None:
+        """i386's lseek: ``_llseek(fd, offset, [result], whence) = 0``."""
+        opened = self._file(call)
+        result = re.match(r"\[(\d+)\]", call.args[2]) if len(call.args) > 2 else None
+        if opened is not None and result is not None:
+            opened.pos = int(result[1])
+        elif opened is not None and (opened.inode is not None or opened.path):
+            self._refuse(call, f"an offset the trace does not show ({call.args})", opened.path)
+
     def _sys_ftruncate(self, call: Call) -> None:
         opened = self._file(call)
         if opened is not None:
@@ -133,6 +142,8 @@ class _Data(_Replay):
         where = self._where(call, None, call.args[0], follow=True)
         if where is not None:
             self._truncated(where[2], where[3], int_arg(call.args[1]), "truncate")
+
+    _sys_ftruncate64, _sys_truncate64 = _sys_ftruncate, _sys_truncate
 
     def _sys_fallocate(self, call: Call) -> None:
         opened = self._file(call)
@@ -204,6 +215,8 @@ class _Data(_Replay):
     def _sys_sendfile(self, call: Call) -> None:
         self._copied(call, self._file(call, 1), self._file(call, 0), call.args[2])
 
+    _sys_sendfile64 = _sys_sendfile
+
     def _sys_copy_file_range(self, call: Call) -> None:
         """As sendfile; an explicit target offset (``[N] => [M]``) writes at N, the
         target's own offset unmoved."""
@@ -267,3 +280,5 @@ class _Data(_Replay):
             "came before or after an msync)",
             opened.path,
         )
+
+    _sys_mmap2 = _sys_mmap
