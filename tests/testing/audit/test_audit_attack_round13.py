@@ -109,8 +109,9 @@ def test_the_i386_names_are_replayed_as_their_x86_64_twins(tmp_path: Path) -> No
     assert found[2] is not None
     assert bytes(rec.content[found[2]]) == b"GOODGOODxxOD" + b"GOOD" * 9 + b"GO"
     trace.write_text(
-        "\n".join([*lines[:1], "100 mmap2(NULL, 4096, 0x3, 0x1, 4<{root}/w>, 0) = 0xf7f00000"])
-        .format(root=root)
+        "\n".join(
+            [*lines[:1], "100 mmap2(NULL, 4096, 0x3, 0x1, 4<{root}/w>, 0) = 0xf7f00000"]
+        ).format(root=root)
         + "\n"
     )
     rec = TraceRecorder(root)
