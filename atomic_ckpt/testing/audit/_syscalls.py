@@ -64,7 +64,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "truncate": (MODELLED, "the file cut or extended with zeros, as each crash state has it"),
     "ftruncate": (MODELLED, "as truncate"),
     "fallocate": (MODELLED, "extends as truncate, punches or zeroes a range; other modes refused"),
-    "sendfile": (MODELLED, "a copy; the source's bytes (inside the tree, or read from outside)"),
+    "sendfile": (
+        MODELLED,
+        "a copy; the source's bytes (inside the tree, or read from outside after the run: "
+        "refused if the run changes that file after the copy)",
+    ),
     "copy_file_range": (MODELLED, "as sendfile (an explicit target offset: as pwrite64)"),
     "splice": (REFUSED, "bytes from a pipe, which the trace does not dump"),
     "tee": (IGNORED, "reads a pipe into a pipe, never a file"),

@@ -193,13 +193,6 @@ def one_step(root: Path) -> None:
         assert len(set(data)) <= 1, f"ckpt.bin mixes steps {sorted(set(data))}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="round 13 defect 3: a copy in from outside takes the source's bytes as they are "
-    "after the run; step 1's copy is modelled with step 2's bytes, so the kill mid-copy "
-    "that mixes them is never built, and the final-tree check cannot see it (step 2 "
-    "overwrote them)",
-)
 def test_a_copy_from_a_staging_file_rewritten_later_is_modelled_or_refused(
     tmp_path: Path,
 ) -> None:
@@ -324,3 +317,21 @@ def test_a_mount_a_check_leaves_in_a_state_never_costs_data_outside_it(tmp_path:
     assert report.ok
     assert (outside / "keep.txt").exists(), "the bind-mounted directory was emptied"
     assert list(root.iterdir()) == []
+
+
+def test_a_copy_from_a_staging_file_of_its_own_per_step_is_judged(tmp_path: Path) -> None:
+    """The refusal is for a source changed after the copy only: a staging file of its own
+    per step (re-opened to read, copied once) is modelled, and the mixed state found."""
+    workload = tmp_path / "copy_in.py"
+    workload.write_text(
+        COPY_FROM_A_STAGING_FILE.replace(
+            'with open(staging, "wb")',
+            'staging = f"{sys.argv[2]}.{step}"\n    with open(staging, "wb")',
+        )
+    )
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    argv = [sys.executable, str(workload), str(root), str(tmp_path / "staging.bin")]
+    report = audit(argv, one_step, root=root)
+    assert not report.ok
+    assert report.violations[0].model == "kill"

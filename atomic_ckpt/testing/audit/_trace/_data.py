@@ -210,6 +210,7 @@ class _Data(_Replay):
         if start < 0 or len(call.data) != call.ret:
             self._refuse(call, f"the source {source.outside} changed after the copy", target.path)
             return
+        self.copied_from[source.outside] = call.line
         self._written(call, target, at)
 
     def _sys_sendfile(self, call: Call) -> None:

@@ -90,6 +90,9 @@ class _Replay(_Mirror):
         self.dirty: set[int] = set()
         """Files with data operations no fsync has covered yet."""
         self._start_cwd = os.getcwd()
+        self.copied_from: dict[str, int] = {}
+        """Files outside the tree copied in (sendfile, copy_file_range), their bytes read
+        after the run: the trace line of the last copy from each."""
         self.refusals: list[tuple[str, str]] = []
         """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
         self.line = self.start = 0
