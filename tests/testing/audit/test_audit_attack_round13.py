@@ -286,13 +286,6 @@ def test_without_the_fdatasync_the_lost_rename_is_found(tmp_path: Path) -> None:
     assert not audit(argv, latest_is_whole, root=root).ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="round 13 defect 5: the ext4 window keeps every name made before the last "
-    "fsync or fdatasync, but on ext4 an fdatasync of an in-place overwrite (only times "
-    "changed: i_datasync_tid not advanced) commits no journal transaction, so the rename "
-    "may still be lost while latest.txt's later data is written back",
-)
 def test_an_fdatasync_that_commits_no_transaction_does_not_make_earlier_names_durable(
     tmp_path: Path,
 ) -> None:
@@ -335,3 +328,17 @@ def test_a_copy_from_a_staging_file_of_its_own_per_step_is_judged(tmp_path: Path
     report = audit(argv, one_step, root=root)
     assert not report.ok
     assert report.violations[0].model == "kill"
+
+
+def test_an_fsync_that_commits_keeps_the_earlier_names_in_the_ext4_window(tmp_path: Path) -> None:
+    """The fix takes nothing from a sync that does commit: an fsync after a size change
+    of the file (here: metrics.bin appended to) still keeps the rename before it."""
+    argv, root = fdatasync_workload(tmp_path, sync=True)
+    workload = Path(argv[1])
+    workload.write_text(
+        workload.read_text().replace(
+            'os.pwrite(fd, b"loss=0.25", 0)', 'os.pwrite(fd, b"loss=0.25;", 9)'
+        )
+    )
+    rec_ops = audit(argv, latest_is_whole, root=root, models=("power",))
+    assert rec_ops.ok

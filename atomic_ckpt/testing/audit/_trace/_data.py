@@ -85,7 +85,12 @@ class _Data(_Replay):
                 )
         self._change(inode, "write", offset, data)
         if sync:
-            self._op("sync", inode, f"{call.name} on an O_SYNC file {opened.path} (durable)")
+            self._op(  # O_DSYNC's or O_SYNC's: taken as an fdatasync (the pessimistic side)
+                "sync",
+                inode,
+                f"{call.name} on an O_SYNC file {opened.path} (durable)",
+                datasync=True,
+            )
 
     def _sys_write(self, call: Call) -> None:
         self._written(call, self._file(call), None)
