@@ -132,11 +132,12 @@ class _Mirror:
         writes: tuple[Write, ...] | None = None,
         covers: int | None = None,
         began: int | None = None,
+        commits: bool = True,
     ) -> None:
         self.ops.append(
             Op(
                 len(self.ops), kind, inode, description, effects, data, by, torn, writes,
-                covers, began,
+                covers, began, commits,
             )
         )  # fmt: skip
         if inode < 0:  # a sync of everything

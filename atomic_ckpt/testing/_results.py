@@ -147,6 +147,10 @@ class Op:
     """Traced ops whose call began before earlier ops completed: how many ops had completed
     when it began (a crash after any of the later ones may find it half done); None: it
     began after every earlier op completed."""
+    commits: bool = True
+    """sync ops: whether it commits the ext4 journal (every earlier name kept); False: one
+    ext4 completes without a commit (an fdatasync after in-place overwrites only, an fsync
+    of a file nothing changed since the last commit)."""
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ class _CrashModel:
             (
                 op.index if op.covers is None else op.covers
                 for op in self.ops[:k]
-                if op.kind == "sync"
+                if op.kind == "sync" and op.commits
             ),
             default=-1,
         )

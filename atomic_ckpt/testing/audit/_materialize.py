@@ -20,6 +20,7 @@ from typing import Any
 from atomic_ckpt.testing._sparse import Data, stored, text, write_to
 from atomic_ckpt.testing._states import _Flat
 from atomic_ckpt.testing.audit._errors import AuditError
+from atomic_ckpt.testing.audit._mounts import detach_mounts, is_mount_point
 
 _Key = tuple[int, int, int, int]
 
@@ -109,6 +110,7 @@ class Materializer:
     def show(self, flat: _Flat) -> None:
         """Make ``target`` hold exactly ``flat`` (paths relative to it, parents first)."""
         want = {path: (kind, payload) for path, kind, payload in flat}
+        detach_mounts(self.target)  # one a check left: never emptied through
         dirs = {"": _open_root(self.target)}
         try:
             self._prune(dirs[""], "", want)
@@ -268,8 +270,10 @@ def locked(root: Path) -> Iterator[None]:
 
 
 def remove(path: Path) -> None:
-    """Remove whatever is at ``path`` (a tree, a file, a symlink), if anything."""
+    """Remove whatever is at ``path`` (a tree, a file, a symlink), if anything; a mount
+    left below it is detached first, never descended into."""
     if path.is_dir() and not path.is_symlink():
+        detach_mounts(path)
         shutil.rmtree(path)
     elif os.path.lexists(path):
         os.unlink(path)
@@ -292,7 +296,7 @@ def set_aside(root: Path) -> Iterator[Path | None]:
                 f"the original back; check it, move it back to {root} (or remove it), then "
                 f"audit again"
             )
-        if os.path.ismount(root):
+        if is_mount_point(root):
             raise AuditError(
                 f"{root} is a mount point: the audit moves the directory aside and shows each "
                 f"crash state at its path, which it cannot do to a mount point; audit a "

@@ -64,7 +64,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "truncate": (MODELLED, "the file cut or extended with zeros, as each crash state has it"),
     "ftruncate": (MODELLED, "as truncate"),
     "fallocate": (MODELLED, "extends as truncate, punches or zeroes a range; other modes refused"),
-    "sendfile": (MODELLED, "a copy; the source's bytes (inside the tree, or read from outside)"),
+    "sendfile": (
+        MODELLED,
+        "a copy; the source's bytes (inside the tree, or read from outside after the run: "
+        "refused if the run changes that file after the copy)",
+    ),
     "copy_file_range": (MODELLED, "as sendfile (an explicit target offset: as pwrite64)"),
     "splice": (REFUSED, "bytes from a pipe, which the trace does not dump"),
     "tee": (IGNORED, "reads a pipe into a pipe, never a file"),
@@ -74,6 +78,16 @@ TABLE: dict[str, tuple[str, str]] = {
     "munmap": (IGNORED, "ends a mapping (one through a writable descriptor was refused)"),
     "msync": (IGNORED, "as munmap: a mapping through a writable descriptor was refused"),
     "remap_file_pages": (REFUSED, "rearranges a file mapping"),
+    # the i386 personality's own names (a 32-bit program, or int $0x80 from a 64-bit one):
+    # strace traces a personality's calls by that personality's names
+    "truncate64": (MODELLED, "i386: as truncate"),
+    "ftruncate64": (MODELLED, "i386: as ftruncate"),
+    "fcntl64": (MODELLED, "i386: as fcntl"),
+    "_llseek": (MODELLED, "i386: as lseek (the new offset is the third argument)"),
+    "mmap2": (MODELLED, "i386: as mmap"),
+    "sendfile64": (MODELLED, "i386: as sendfile"),
+    "recvmmsg_time64": (MODELLED, "i386: as recvmsg"),
+    "umount": (REFUSED, "i386: as mount"),
     # names
     "mkdir": (MODELLED, "a new directory entry"),
     "mkdirat": (MODELLED, "as mkdir"),
@@ -146,7 +160,7 @@ TABLE: dict[str, tuple[str, str]] = {
 WORKLOAD_WIDE = frozenset(
     {"io_uring_setup", "io_uring_enter", "io_uring_register", "io_submit"}
     | {"chroot", "pivot_root", "setns"}
-    | {"mount", "umount2", "move_mount", "open_tree", "fsmount", "mount_setattr"}
+    | {"mount", "umount", "umount2", "move_mount", "open_tree", "fsmount", "mount_setattr"}
 )
 """Refused wherever they point: what they do may reach the tree by any path."""
 

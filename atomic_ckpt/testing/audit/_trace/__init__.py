@@ -11,10 +11,11 @@ boundaries between them apart but a crash in the middle, which the torn state st
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 
 from atomic_ckpt.testing._mirror import _UNIVERSE
-from atomic_ckpt.testing.audit._strace import Call, fd_arg
+from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, unescape
 from atomic_ckpt.testing.audit._syscalls import IGNORED, MODELLED, TABLE, WORKLOAD_WIDE
 from atomic_ckpt.testing.audit._trace._data import _Data
 from atomic_ckpt.testing.audit._trace._descriptors import _Descriptors
@@ -56,10 +57,59 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
                     self._refuse(call, _NEVER_RETURNED, touched)
             if call.ret is None or how == IGNORED:
                 continue
+            if self.copied_from and call.name in _CHANGES:
+                self._source_changed(call)
             self.calls += 1
             self.line, self.start = call.line, call.start
             getattr(self, "_sys_" + call.name)(call)
         self._flush()
+
+    def _source_changed(self, call: Call) -> None:
+        """A change to a file outside the tree that an earlier copy read from: that copy's
+        bytes, read after the run, are not the ones it copied (round 13, defect 3)."""
+        for path in _changed_paths(self, call):
+            line = self.copied_from.pop(os.path.normpath(path), None)
+            if line is not None:
+                self._refuse(
+                    call,
+                    f"{path} changed after a copy from it into the tree (trace line {line}): "
+                    "the bytes that copy took are no longer there to read; copy from a file "
+                    "the run does not change afterwards (a staging file of its own per save)",
+                    path,
+                )
+
+
+def _changed_paths(rec: TraceRecorder, call: Call) -> list[str]:
+    """The paths whose contents or names ``call`` changes (a read is no change)."""
+    name, args = call.name, call.args
+    if name in ("open", "openat", "openat2", "creat"):
+        flags = {"open": 1, "openat": 2}.get(name)
+        text = args[flags] if flags is not None and len(args) > flags else "".join(args)
+        truncates = name == "creat" or "O_TRUNC" in text or _o_trunc(text)
+        return [call.ret_path] if truncates and call.ret_path else []
+    if name in ("sendfile", "sendfile64", "copy_file_range"):
+        target = args[2] if name == "copy_file_range" and len(args) > 2 else args[0]
+        return [p for p in (fd_arg(target)[1],) if p]
+    paths: list[str] = []
+    base: str | None = None
+    for arg in args:
+        fd, decoration = fd_arg(arg)
+        if decoration is not None:
+            paths.append(decoration)
+        elif arg.startswith('"'):
+            paths.append(os.path.join(base or rec._cwd(call.tid)[0], unescape(arg)))
+        base = decoration if fd != AT_FDCWD else None
+    return paths
+
+
+def _o_trunc(text: str) -> bool:
+    """Raw open flags (``0x241``, or ``flags=0x241`` in openat2's struct) hold O_TRUNC."""
+    at = text.find("flags=")
+    raw = text[at + 6 :].split(",", 1)[0].rstrip("}") if at >= 0 else text
+    try:
+        return bool(int(raw, 0) & os.O_TRUNC)
+    except ValueError:
+        return False
 
 
 _SYNCS = frozenset({"fsync", "fdatasync"})
@@ -67,7 +117,7 @@ _CHANGES = frozenset(
     {"write", "writev", "pwrite64", "pwritev", "pwritev2", "truncate", "ftruncate"}
     | {"fallocate", "sendfile", "copy_file_range", "open", "openat", "openat2", "creat"}
     | {"mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2"}
-    | {"link", "linkat", "symlink", "symlinkat"}
+    | {"link", "linkat", "symlink", "symlinkat", "truncate64", "ftruncate64", "sendfile64"}
 )
 """The modelled calls that change a file or a name (a sync that never returned is taken
 as not made: the pessimistic side)."""

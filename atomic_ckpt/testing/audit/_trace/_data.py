@@ -85,7 +85,12 @@ class _Data(_Replay):
                 )
         self._change(inode, "write", offset, data)
         if sync:
-            self._op("sync", inode, f"{call.name} on an O_SYNC file {opened.path} (durable)")
+            self._op(  # O_DSYNC's or O_SYNC's: taken as an fdatasync (the pessimistic side)
+                "sync",
+                inode,
+                f"{call.name} on an O_SYNC file {opened.path} (durable)",
+                datasync=True,
+            )
 
     def _sys_write(self, call: Call) -> None:
         self._written(call, self._file(call), None)
@@ -124,6 +129,15 @@ class _Data(_Replay):
         if opened is not None and call.ret is not None:
             opened.pos = call.ret
 
+    def _sys__llseek(self, call: Call) -> None:
+        """i386's lseek: ``_llseek(fd, offset, [result], whence) = 0``."""
+        opened = self._file(call)
+        result = re.match(r"\[(\d+)\]", call.args[2]) if len(call.args) > 2 else None
+        if opened is not None and result is not None:
+            opened.pos = int(result[1])
+        elif opened is not None and (opened.inode is not None or opened.path):
+            self._refuse(call, f"an offset the trace does not show ({call.args})", opened.path)
+
     def _sys_ftruncate(self, call: Call) -> None:
         opened = self._file(call)
         if opened is not None:
@@ -133,6 +147,8 @@ class _Data(_Replay):
         where = self._where(call, None, call.args[0], follow=True)
         if where is not None:
             self._truncated(where[2], where[3], int_arg(call.args[1]), "truncate")
+
+    _sys_ftruncate64, _sys_truncate64 = _sys_ftruncate, _sys_truncate
 
     def _sys_fallocate(self, call: Call) -> None:
         opened = self._file(call)
@@ -199,10 +215,13 @@ class _Data(_Replay):
         if start < 0 or len(call.data) != call.ret:
             self._refuse(call, f"the source {source.outside} changed after the copy", target.path)
             return
+        self.copied_from[source.outside] = call.line
         self._written(call, target, at)
 
     def _sys_sendfile(self, call: Call) -> None:
         self._copied(call, self._file(call, 1), self._file(call, 0), call.args[2])
+
+    _sys_sendfile64 = _sys_sendfile
 
     def _sys_copy_file_range(self, call: Call) -> None:
         """As sendfile; an explicit target offset (``[N] => [M]``) writes at N, the
@@ -267,3 +286,5 @@ class _Data(_Replay):
             "came before or after an msync)",
             opened.path,
         )
+
+    _sys_mmap2 = _sys_mmap

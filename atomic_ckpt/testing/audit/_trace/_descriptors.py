@@ -120,6 +120,8 @@ class _Descriptors(_Replay):
             if fd in table:
                 table.put(fd, table[fd], bool(int_arg(call.args[2]) & _FD_CLOEXEC))
 
+    _sys_fcntl64 = _sys_fcntl
+
     def _sys_execve(self, call: Call) -> None:
         """The new program keeps the descriptors not marked close-on-exec, in a table of
         its own (execve unshares a table its threads shared). Made by a thread other than
@@ -155,6 +157,6 @@ class _Descriptors(_Replay):
                     )
                     return
 
-    _sys_recvmmsg = _sys_recvmsg
+    _sys_recvmmsg = _sys_recvmmsg_time64 = _sys_recvmsg
 
     _sys_execveat = _sys_execve

@@ -49,12 +49,12 @@ class _Durability(_Replay):
             i for i in range(covers, len(self.ops)) if inode < 0 or self.ops[i].inode == inode
         ]
         if not missed:
-            self._op("sync", inode, description)
+            self._op("sync", inode, description, datasync=call.name == "fdatasync")
             return
         said = ", ".join(f"#{i + 1}" for i in missed[:5]) + (", ..." if missed[5:] else "")
         self.emit(
             "sync", inode, f"{description} (not covering {said}: done while it ran)",
-            by="traced", covers=covers,
+            by="traced", covers=covers, datasync=call.name == "fdatasync",
         )  # fmt: skip
         later = {self.ops[i].inode for i in missed if self.ops[i].kind == "data"}
         if inode < 0:

@@ -90,10 +90,16 @@ class _Replay(_Mirror):
         self.dirty: set[int] = set()
         """Files with data operations no fsync has covered yet."""
         self._start_cwd = os.getcwd()
+        self.copied_from: dict[str, int] = {}
+        """Files outside the tree copied in (sendfile, copy_file_range), their bytes read
+        after the run: the trace line of the last copy from each."""
         self.refusals: list[tuple[str, str]] = []
         """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
         self.line = self.start = 0
         """The trace line of the call being replayed, and the line it began on."""
+        self.journal_dirty: dict[int, bool] = {}
+        """Inodes changed since the last journal commit: True when the change is one an
+        fdatasync commits too (a size change, a new name), False for an fsync's only."""
         self.op_lines: list[int] = []
         """For each op, the trace line its (last) call completed on: an fsync covers only
         the ops that completed before it began (:meth:`_synced`)."""
@@ -114,11 +120,31 @@ class _Replay(_Mirror):
         began = bisect.bisect_left(self.op_lines, self.start)
         if kind != "sync" and began < len(self.ops):
             kw["began"] = began
+        self._journal(kind, inode, kw)
         super().emit(kind, inode, description, **kw)
         # never decreasing (fsyncs that overlapped are replayed in path order): bisect
         self.op_lines.append(max(self.line, self.op_lines[-1] if self.op_lines else 0))
         if kind == "data":
             self.dirty.add(inode)
+
+    def _journal(self, kind: str, inode: int, kw: dict[str, Any]) -> None:
+        """Which inodes a journal commit is owed for (ext4 commits at an fsync only when
+        the inode changed since the last commit: round 13, defect 5)."""
+        dirty = self.journal_dirty
+        if kind == "entry":
+            for who in [inode, *(c for _, c in kw.get("effects", ()) if c is not None)]:
+                dirty[who] = True
+        elif kind == "data":
+            resized = len(kw.get("data", b"")) != len(self.inodes[inode].data)
+            dirty[inode] = dirty.get(inode, False) or resized
+        else:
+            commits = inode < 0 or (
+                inode in dirty and (dirty[inode] or not kw.pop("datasync", False))
+            )
+            kw.pop("datasync", None)
+            kw["commits"] = commits
+            if commits:
+                dirty.clear()
 
     def _outside_links(self) -> None:
         """A symlink already in the tree that leads out of it is refused: every crash state
@@ -281,12 +307,13 @@ class _Replay(_Mirror):
         inode: int,
         description: str,
         effects: tuple[tuple[str, int | None], ...] = (),
+        datasync: bool = False,
     ) -> None:
         self._flush()
         if kind == "entry":
             self.emit("entry", inode, description, effects=effects, by="traced")
         else:
-            self.emit("sync", inode, description, by="traced")
+            self.emit("sync", inode, description, by="traced", datasync=datasync)
             if inode < 0:
                 self.dirty.clear()
             else:
