@@ -7,9 +7,9 @@ gloo process group, runs it, and writes ``{"error", "message", "elapsed",
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
-import errno
 import os
 import signal
 import time

@@ -79,9 +79,11 @@ def test_a_full_disk_in_a_block_joined_on_another_rank_says_so(
     assert all(r.exitcode == 0 and r.error is None for r in results), results
     one = results[1].data
     assert one["swallowed"].startswith("DiskFullError: "), one
-    assert "is full" in one["swallowed"] and "Free space" in one["swallowed"], one
+    assert "is full" in one["swallowed"], one
+    assert "Free space" in one["swallowed"], one
     assert one["outer"] == "CommitStateError", one
-    assert "is full" in one["message"] and "Free space" in one["message"], one
+    assert "is full" in one["message"], one
+    assert "Free space" in one["message"], one
     assert "Errno" not in one["message"].split("(")[0], one
     assert results[0].data["outer"] is None
     assert [r.data["steps"] for r in results] == [[9], [9]]

@@ -122,6 +122,7 @@ def test_a_background_save_on_a_full_disk_raises_disk_full_error(
     with caplog.at_level(logging.ERROR), pytest.raises(DiskFullError) as info:
         _fit(root, steps=5)
     assert info.value.errno == errno.ENOSPC
-    assert "is full" in str(info.value) and "Free space" in str(info.value)
+    assert "is full" in str(info.value)
+    assert "Free space" in str(info.value)
     assert isinstance(info.value.__cause__, OSError)
     assert "is full" in _errors(caplog)[0]
