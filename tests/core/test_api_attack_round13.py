@@ -34,13 +34,6 @@ def test_a_step_as_a_string_is_taken_by_every_step_argument(ckpts: CheckpointDir
     assert ckpts.steps() == [7, 8]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an outer commit ending while a joined block is suspended (a generator left "
-    "open, an asyncio task not awaited) is refused safely, but the error says the commit "
-    "'is published from inside a block that joined it (that block would wait for "
-    "itself)': it should say a joined block is still open (suspended) and must end first",
-)
 def test_a_joined_block_left_open_in_a_generator_is_named_as_such(ckpts: CheckpointDir) -> None:
     def part() -> Iterator[int]:
         with ckpts.commit(1, join=True) as path:
@@ -56,11 +49,6 @@ def test_a_joined_block_left_open_in_a_generator_is_named_as_such(ckpts: Checkpo
     assert "would wait for itself" not in str(caught.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the same refusal for asyncio tasks joining, not awaited before the outer "
-    "block ends: safe, but the message blames a block 'from inside' the publish",
-)
 def test_asyncio_tasks_joining_past_the_outer_block_are_named_as_such(
     ckpts: CheckpointDir,
 ) -> None:
@@ -80,4 +68,5 @@ def test_asyncio_tasks_joining_past_the_outer_block_are_named_as_such(
     with pytest.raises(CommitStateError) as caught:
         asyncio.run(save())
     assert ckpts.steps() == []
+    assert "still open" in str(caught.value), str(caught.value)
     assert "would wait for itself" not in str(caught.value)
