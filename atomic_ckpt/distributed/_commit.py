@@ -17,10 +17,12 @@ from atomic_ckpt import (
     CheckpointDir,
     Commit,
     CommitStateError,
+    DiskFullError,
     DistributedCommitError,
     DistributedNotInitializedError,
     RetentionPolicy,
 )
+from atomic_ckpt._core.l1_names.errors import disk_full
 from atomic_ckpt._core.l1_names.names import step_of
 from atomic_ckpt._core.l4_protocol.root import check_step
 from atomic_ckpt.distributed._flush import Declared, flush_declared, marker_files, sweep_undeclared
@@ -227,7 +229,11 @@ def rank0_commit(
             try:
                 yield None
             except BaseException as exc:
-                enclosing.failed.append(exc)
+                full = disk_full(exc, ckpts.root, f"the block joined to the commit of {what}")
+                enclosing.failed.append(exc if full is None else full)
+                if full is not None:  # worded as a single-process join's (issue 30)
+                    full.step = number
+                    raise full from exc
                 raise
             return
         with committed(join=True) as path:  # rank 0: joins the enclosing block's commit
@@ -255,8 +261,8 @@ def rank0_commit(
                 yield None
             if opened.failed:
                 raise CommitStateError(
-                    f"a block that joined this rank's rank0_commit of {what} failed "
-                    f"({opened.failed[0]!r}); rank 0's commit was not affected",
+                    f"a block that joined this rank's rank0_commit of {what} failed; rank "
+                    f"0's commit was not affected. {_failure(opened.failed[0])}",
                     step=number,
                 ) from opened.failed[0]
         except BaseException as exc:
@@ -272,6 +278,11 @@ def rank0_commit(
         raise DistributedCommitError(
             f"rank 0 failed to commit {what}: {why}", step=number, ranks=(0,)
         )
+
+
+def _failure(exc: BaseException) -> str:
+    """How a joined block's error reads in the CommitStateError that names it."""
+    return str(exc) if isinstance(exc, DiskFullError) else f"It raised {exc!r}"
 
 
 @dataclasses.dataclass

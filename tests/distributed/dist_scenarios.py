@@ -7,6 +7,7 @@ gloo process group, runs it, and writes ``{"error", "message", "elapsed",
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -366,9 +367,12 @@ def rank0_join_swallowed(ctx: Ctx) -> Any:
                         (inner / "optimizer.bin").write_bytes(b"half")
                     if ctx.rank in raise_on:
                         fired.append(ctx.rank)
+                        if ctx.params.get("enospc"):
+                            code = errno.ENOSPC
+                            raise OSError(code, os.strerror(code), str(ctx.ckpts.root))
                         raise OSError("half written on purpose")
-            except OSError:
-                pass  # the caller swallows it
+            except OSError as exc:
+                seen["swallowed"] = f"{type(exc).__name__}: {exc}"  # the caller swallows it
     except Exception as exc:
         seen["outer"] = type(exc).__name__
         seen["message"] = str(exc)

@@ -66,3 +66,24 @@ def test_multi_rank_commits_over_a_moved_checkpoint_need_replace_unusable(
     ckpts = CheckpointDir(tmp_path / "ckpts")
     assert ckpts.steps() == [5]
     assert ckpts.verify(5).manifest.step == 5
+
+
+def test_a_full_disk_in_a_block_joined_on_another_rank_says_so(
+    run_ranks: Runner, tmp_path: Path
+) -> None:
+    """Rank 1's joined block meets ENOSPC and the caller swallows it: the block raised a
+    DiskFullError (as a single-process join does), and rank 1's outer block ends with a
+    CommitStateError in the DiskFullError's words (the disk is full, free space), not a
+    raw errno; rank 0's commit goes on."""
+    results = run_ranks("rank0_join_swallowed", 2, raise_on=[1], enospc=True)
+    assert all(r.exitcode == 0 and r.error is None for r in results), results
+    one = results[1].data
+    assert one["swallowed"].startswith("DiskFullError: "), one
+    assert "is full" in one["swallowed"], one
+    assert "Free space" in one["swallowed"], one
+    assert one["outer"] == "CommitStateError", one
+    assert "is full" in one["message"], one
+    assert "Free space" in one["message"], one
+    assert "Errno" not in one["message"].split("(")[0], one
+    assert results[0].data["outer"] is None
+    assert [r.data["steps"] for r in results] == [[9], [9]]

@@ -92,8 +92,10 @@ class JoinedBlocks:
             raise interrupted
         self._require_open("publish")  # aborted meanwhile by a failed joined block
         why = (
-            "it is published from inside a block that joined it (that block would wait "
-            "for itself): publish it after that block ends"
+            "a block that joined it in this thread is still open (the commit's block "
+            "ended inside it, or it is suspended: a generator not run to its end, an "
+            "asyncio task not awaited). End every joined block before the commit's own "
+            "block ends (exhaust or close the generator, await the tasks)"
             if inside
             else f"{still} block(s) that joined it are still open after "
             f"{self.join_timeout:g} s (join_timeout): end the threads that write into a "

@@ -22,6 +22,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from atomic_ckpt import atomic_write, clean_temporaries, remove_directory, temp_name
+from atomic_ckpt._core.l1_names.errors import disk_full
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls.checksums import new_hasher
 from atomic_ckpt._core.l4_protocol import dedup as _dedup
@@ -244,6 +245,15 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
                 )
 
     def _save_now(self, checkpoint: dict[str, Any], path: str) -> None:
+        try:
+            self._write(checkpoint, path)
+        except OSError as exc:  # a full disk says so, in a commit's words (issue 30)
+            full = disk_full(exc, Path(path).parent, f"the save of {path}")
+            if full is None:
+                raise
+            raise full from exc
+
+    def _write(self, checkpoint: dict[str, Any], path: str) -> None:
         digest: str | None = None
         with atomic_write(path, durable=self.durable, parents=True) as tmp:
             if self.checksum is None:

@@ -58,7 +58,9 @@ class AtomicCheckpointMixin(_Base):
     against a power loss) and ``dedup`` (True: at each checkpoint's commit, every file
     whose size and checksum equal the same file of the previous checkpoint, such as the
     ``save_pretrained`` shards of frozen weights, the tokenizer and the config, becomes a
-    hard link or reflink to it instead of a second copy on disk; see
+    hard link or reflink to it instead of a second copy on disk; ``replace_unusable``
+    (True: a save may replace a checkpoint moved there by hand or written by a newer
+    release, as for ``CheckpointDir.commit``; without it the save refuses); see
     ``docs/guides/incremental.md``).
 
     A verified resume reads each byte once. In one process, ``verify_on_resume=True`` with
@@ -95,9 +97,11 @@ class AtomicCheckpointMixin(_Base):
         verify_on_resume: bool = False,
         durable: bool = True,
         dedup: bool = False,
+        replace_unusable: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._atomic_replace = bool(replace_unusable)
         self._atomic_verify = verify_on_resume
         self._atomic_durable = durable
         self._atomic_dedup = bool(dedup)
@@ -191,7 +195,9 @@ class AtomicCheckpointMixin(_Base):
             "resumable": not self.args.save_only_model,
         }
         folder = f"{CHECKPOINT_PREFIX}{step}"
-        with _commit(ckpts, step, metadata, dedup=self._atomic_dedup) as staging:
+        with _commit(
+            ckpts, step, metadata, dedup=self._atomic_dedup, replace_unusable=self._atomic_replace
+        ) as staging:
             # Trainer writes "<run dir>/checkpoint-N/...". The run dir becomes the staging
             # dir, where "checkpoint-N" is a link to the staging dir itself: every rank's
             # files land at their final paths, and nothing moves afterwards. Each rank

@@ -107,3 +107,22 @@ def test_a_failed_last_save_is_raised_at_teardown(
     assert len(_errors(caplog)) == 1
     saved = sorted(p.name for p in root.iterdir() if p.suffix == ".ckpt")
     assert len(saved) == 2  # the two saves before it are whole
+
+
+def test_a_background_save_on_a_full_disk_raises_disk_full_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ENOSPC in a background save surfaces as DiskFullError (an OSError with that errno),
+    whose message says the disk is full and to free space, as a commit's does."""
+    from atomic_ckpt import DiskFullError
+
+    fault = _FailingSave(fail_at=2)
+    monkeypatch.setattr(_checked, "save", fault)
+    root = tmp_path / "ckpts"
+    with caplog.at_level(logging.ERROR), pytest.raises(DiskFullError) as info:
+        _fit(root, steps=5)
+    assert info.value.errno == errno.ENOSPC
+    assert "is full" in str(info.value)
+    assert "Free space" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+    assert "is full" in _errors(caplog)[0]

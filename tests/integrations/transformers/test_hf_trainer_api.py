@@ -300,7 +300,12 @@ def test_the_signature_is_trainers_with_the_mixins_options() -> None:
     stock = list(inspect.signature(Trainer).parameters.values())
     ours = inspect.signature(AtomicTrainer).parameters
     assert list(ours.values())[: len(stock)] == stock
-    assert list(ours)[len(stock) :] == ["verify_on_resume", "durable", "dedup"]
+    assert list(ours)[len(stock) :] == [
+        "verify_on_resume",
+        "durable",
+        "dedup",
+        "replace_unusable",
+    ]
     assert ours["durable"].kind is inspect.Parameter.KEYWORD_ONLY
 
     class Mine(AtomicCheckpointMixin, Trainer):
