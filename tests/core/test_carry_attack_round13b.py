@@ -20,7 +20,6 @@ from atomic_ckpt._core.l1_names.names import MARKER
 MODEL = bytes(range(256)) * 64
 
 
-@pytest.mark.xfail(strict=True, reason="a racily clean source is carried unhashed")
 def test_a_racily_clean_source_is_hashed_before_it_is_carried(tmp_path: Path) -> None:
     """The file's recorded mtime equals its marker's (one tick of a coarse clock), then
     its bytes are rewritten in place, same size, and its mtime is what the clock would

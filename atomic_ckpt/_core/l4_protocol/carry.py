@@ -7,8 +7,10 @@ only once the source is known to be the file that entry describes:
 
 * **committed**: the manifest records the file's inode, size and modification time (ns)
   as they were just before it was hashed at its commit, and the file opened now has the
-  same three, on the source checkpoint's device. Writing into a file changes its
-  modification time, so a file written in place since is not trusted;
+  same three, on the source checkpoint's device, and that time is more than 2 s
+  (:data:`RACY_NS`) before its marker's. Writing into a file changes its modification
+  time, so a file written in place since is not trusted; one written within a timestamp
+  tick of its commit (git's "racily clean" file) is verified;
 * **verified**: otherwise (a manifest written before identities were recorded, a
   checkpoint copied elsewhere, a file touched) the carried bytes are hashed once and
   compared with the entry's checksum: equal, it is carried; different, the carry is
@@ -51,7 +53,7 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import check_chosen_name, parse_step
+from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
@@ -76,6 +78,11 @@ names while the block runs, so nothing the block opens for writing there can rea
 shared with a committed checkpoint. Gone before the tree walk; removed with the staging
 dir on an abort."""
 
+
+RACY_NS = 2 * 10**9
+"""A file whose recorded mtime is not older than its marker's by more than this (the
+coarsest timestamp granularity: FAT, some NFS servers) is racily clean (git's rule): a
+same-size write in the tick it was hashed in kept its mtime, so it is hashed to be carried."""
 
 _RESERVE = threading.Lock()
 """Held while a carry takes its number (its slot in the commit's pending carries): never
@@ -384,8 +391,10 @@ def _check_source(
     algorithm = source.manifest.checksum
     committed = (
         entry.ino is not None
+        and entry.mtime_ns is not None
         and st.st_dev == os.fstat(pin).st_dev
         and (st.st_ino, st.st_size, st.st_mtime_ns) == (entry.ino, entry.size, entry.mtime_ns)
+        and entry.mtime_ns < os.stat(MARKER, dir_fd=pin).st_mtime_ns - RACY_NS
     )
     now = os.lstat(target)
     if st.st_size != entry.size:
