@@ -95,7 +95,6 @@ def test_a_copied_carrier_is_carried_again_unhashed(
     assert ckpts.verify(3).step == 3
 
 
-@pytest.mark.xfail(strict=True, reason="an amend's new marker makes a racily clean file look old")
 @pytest.mark.parametrize("files", [False, True], ids=["metadata-only", "with-a-file"])
 def test_an_amend_does_not_make_a_racily_clean_file_look_old(tmp_path: Path, files: bool) -> None:
     """A file written in the tick of its commit, then changed in place in that tick (same
