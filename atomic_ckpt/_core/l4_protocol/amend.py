@@ -322,7 +322,9 @@ def smudged(entry: FileEntry, marker_ns: int) -> FileEntry:
     marker records it: without its identity if it was racily clean (written in the tick
     of the commit, :data:`.carry.RACY_NS`), so that a carry still hashes it (git smudges
     such entries when it writes its index anew); as it is otherwise."""
-    if entry.mtime_ns is None or entry.mtime_ns < marker_ns - _carrying.RACY_NS:
+    if entry.checksum is None or entry.mtime_ns is None:  # nothing a carry could hash
+        return entry
+    if entry.mtime_ns < marker_ns - _carrying.RACY_NS:
         return entry
     return dataclasses.replace(entry, ino=None, mtime_ns=None)
 

@@ -389,18 +389,20 @@ def _check_source(
     is the one ``entry`` describes: the same identity as at its commit, else the same
     bytes; the identity of ``target`` (what the publish checks it still has)."""
     algorithm = source.manifest.checksum
+    hashable = algorithm in CHECKSUMS and entry.checksum is not None
     committed = (
         entry.ino is not None
         and entry.mtime_ns is not None
         and st.st_dev == os.fstat(pin).st_dev
         and (st.st_ino, st.st_size, st.st_mtime_ns) == (entry.ino, entry.size, entry.mtime_ns)
-        and entry.mtime_ns < os.stat(MARKER, dir_fd=pin).st_mtime_ns - RACY_NS
+        # Racily clean: hashed if it can be (without checksums nothing is claimed).
+        and (not hashable or entry.mtime_ns < os.stat(MARKER, dir_fd=pin).st_mtime_ns - RACY_NS)
     )
     now = os.lstat(target)
     if st.st_size != entry.size:
         raise _changed(source, entry, f"it is {st.st_size} bytes")
     if not committed:
-        if algorithm is None or algorithm not in CHECKSUMS or entry.checksum is None:
+        if algorithm is None or not hashable:
             raise _changed(source, entry, "it changed since its commit and has no checksum")
         if checksum_file(target, algorithm) != entry.checksum or identity(
             os.lstat(target)
