@@ -23,12 +23,16 @@ def test_a_carry_joined_into_a_distributed_commit_is_refused_at_once(tmp_path: P
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     reached: list[str] = []
+
+    def save() -> None:
+        with distributed_commit(ckpts, 2) as path:
+            (path / "b").write_bytes(b"y")
+            with ckpts.commit(2, join=True, carry={"a": 1}):
+                reached.append("the block")  # refused before the block runs
+
     try:
         with pytest.raises(CommitStateError, match="distributed"):
-            with distributed_commit(ckpts, 2) as path:
-                (path / "b").write_bytes(b"y")
-                with ckpts.commit(2, join=True, carry={"a": 1}):
-                    reached.append("the block")  # refused before the block runs
+            save()
     finally:
         dist.destroy_process_group()
     assert reached == []
