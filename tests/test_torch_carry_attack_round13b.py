@@ -13,7 +13,6 @@ dist = pytest.importorskip("torch.distributed")
 from atomic_ckpt import CheckpointDir, CommitStateError  # noqa: E402
 
 
-@pytest.mark.xfail(strict=True, reason="a carry into distributed_commit fails at its publish")
 def test_a_carry_joined_into_a_distributed_commit_is_refused_at_once(tmp_path: Path) -> None:
     from atomic_ckpt.distributed import distributed_commit
 

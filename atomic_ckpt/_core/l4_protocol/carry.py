@@ -173,6 +173,15 @@ class Pending:
     reuse: bool  # the source's algorithm is the root's: its entries are reused
 
 
+class Listed(list[Pending]):
+    """The pending carries of a commit whose publish the caller gives its file list
+    (``distributed_commit``, the DCP writer): :func:`carry` refuses at once."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+
 def carry(
     root: Root,
     staging: Path,
@@ -183,6 +192,13 @@ def carry(
     """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`: share the files into the
     staging dir at their :func:`waiting_name` and append the carry to ``pending`` (the
     commit's); a refused carry leaves the staging dir as it was."""
+    if isinstance(pending, Listed):
+        raise CommitStateError(
+            f"nothing can be carried into {staging}: it is {pending.what}, whose publish is "
+            "given the list of its files, not walked. Write the file, or use dedup=True to "
+            "link what equals the previous checkpoint's; nothing was carried",
+            path=staging,
+        )
     rel = relative(relpath)
     for other in pending:
         if rel == other.rel or rel.startswith(other.rel + "/") or other.rel.startswith(rel + "/"):
