@@ -36,3 +36,30 @@ def test_a_carry_joined_into_a_distributed_commit_is_refused_at_once(tmp_path: P
         dist.destroy_process_group()
     assert reached == []
     assert [c.step for c in ckpts.checkpoints()] == [1]
+
+
+@pytest.mark.xfail(strict=True, reason="a nested commit of the step is published, then lost")
+def test_a_commit_nested_in_a_distributed_commit_of_its_step_is_refused(tmp_path: Path) -> None:
+    """As inside ``ckpts.commit(2)``: a ``ckpts.commit(2, carry=...)`` (no ``join=True``)
+    inside ``distributed_commit(ckpts, 2)`` would publish its part alone, then the outer
+    commit would replace it (the carried file silently gone): refused, nothing staged."""
+    from atomic_ckpt.distributed import distributed_commit
+
+    ckpts = CheckpointDir(tmp_path / "r")
+    with ckpts.commit(1) as path:
+        (path / "a").write_bytes(b"x" * 100)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+    def save() -> None:
+        with distributed_commit(ckpts, 2) as path:
+            (path / "b").write_bytes(b"y")
+            with ckpts.commit(2, carry={"a": 1}):
+                pass
+
+    try:
+        with pytest.raises(CommitStateError, match="already open in this thread"):
+            save()
+    finally:
+        dist.destroy_process_group()
+    assert [c.step for c in ckpts.checkpoints()] == [1]
