@@ -38,7 +38,6 @@ def test_a_carry_joined_into_a_distributed_commit_is_refused_at_once(tmp_path: P
     assert [c.step for c in ckpts.checkpoints()] == [1]
 
 
-@pytest.mark.xfail(strict=True, reason="a nested commit of the step is published, then lost")
 def test_a_commit_nested_in_a_distributed_commit_of_its_step_is_refused(tmp_path: Path) -> None:
     """As inside ``ckpts.commit(2)``: a ``ckpts.commit(2, carry=...)`` (no ``join=True``)
     inside ``distributed_commit(ckpts, 2)`` would publish its part alone, then the outer

@@ -349,6 +349,7 @@ def _begin(
                 replace_unusable=replace_unusable,
             )
             commit._pending = _carry.Listed("a distributed_commit (the ranks list its files)")
+            commit.as_block()  # a commit of the step nested in the block is refused
         except Exception as exc:
             problem = exc
     try:
