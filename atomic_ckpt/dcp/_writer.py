@@ -36,6 +36,7 @@ from atomic_ckpt import (
     RetentionPolicy,
 )
 from atomic_ckpt._core.l3_formats.tree import sync_files
+from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol.root import check_step
 from atomic_ckpt.dcp._copy import _stage_cached
 from atomic_ckpt.dcp._files import _CreatedFiles
@@ -263,6 +264,7 @@ class AtomicWriter(_PendingSaves, FileSystemWriter):
             retain=self.retain,
             replace_unusable=self.replace_unusable,
         )
+        commit._pending = _carry.Listed("a DCP save (its writer lists its files)")
         self._commit = commit
         return [
             dataclasses.replace(p, storage_data=_StagedPrefix(f"__{i}_", commit.path.name))

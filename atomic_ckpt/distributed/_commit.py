@@ -24,6 +24,7 @@ from atomic_ckpt import (
 )
 from atomic_ckpt._core.l1_names.errors import disk_full
 from atomic_ckpt._core.l1_names.names import step_of
+from atomic_ckpt._core.l4_protocol import carry as _carry
 from atomic_ckpt._core.l4_protocol.root import check_step
 from atomic_ckpt.distributed._flush import Declared, flush_declared, marker_files, sweep_undeclared
 from atomic_ckpt.distributed._ranks import (
@@ -358,6 +359,8 @@ def _begin(
                 dedup=dedup,
                 replace_unusable=replace_unusable,
             )
+            commit._pending = _carry.Listed("a distributed_commit (the ranks list its files)")
+            commit.as_block()  # a commit of the step nested in the block is refused
         except Exception as exc:
             problem = exc
     try:

@@ -149,6 +149,10 @@ def test_an_unchanged_source_is_not_hashed_again(tmp_path: Path) -> None:
     """The committed identity vouches for the entry: neither carry nor publish reads it."""
     ckpts = CheckpointDir(tmp_path)
     _first(ckpts)
+    # Committed well after the file was written (else it is racily clean: hashed).
+    marker = tmp_path / "1" / "checkpoint_complete"
+    later = os.stat(marker).st_mtime_ns + 10 * 10**9
+    os.utime(marker, ns=(later, later))
     import atomic_ckpt._core.l3_formats.tree as tree_mod
     import atomic_ckpt._core.l4_protocol.carry as carry_mod
 

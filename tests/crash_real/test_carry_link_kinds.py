@@ -30,3 +30,35 @@ def test_carry_uses_the_best_link_the_filesystem_has(mounter: Mounter, kind: str
     assert (src.st_ino == dst.st_ino) == (how == "hardlink")
     ckpts.delete(1)
     ckpts.verify(2)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_a_carrier_is_carried_on_unhashed_and_a_racy_source_is_hashed(
+    mounter: Mounter, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first carry of a file written just before its commit hashes it (racily clean);
+    the carrier (a reflink keeps its source's mtime, a hard link shares it) is carried on
+    from the next checkpoint without being read."""
+    from atomic_ckpt._core.l4_protocol import carry as _carry
+
+    fs = mount_or_skip(mounter, kind)
+    ckpts = CheckpointDir(fs.path / "ckpts")
+    with ckpts.commit(1) as path:
+        (path / "frozen.bin").write_bytes(os.urandom(1 << 20))
+    hashed: list[object] = []
+    real = _carry.checksum_file
+    monkeypatch.setattr(_carry, "checksum_file", lambda *a: hashed.append(a) or real(*a))
+    with ckpts.begin(2) as commit:
+        commit.carry("frozen.bin", from_=1)
+    assert len(hashed) == 1  # racily clean: written in the commit's last moments
+    marker = ckpts.path_of(2) / "checkpoint_complete"
+    later = os.stat(marker).st_mtime_ns + 10 * 10**9  # the next save, 10 s later
+    os.utime(marker, ns=(later, later))
+    src, dst = (os.lstat(ckpts.path_of(s) / "frozen.bin") for s in (1, 2))
+    assert src.st_mtime_ns == dst.st_mtime_ns
+    with ckpts.begin(3) as commit:
+        commit.carry("frozen.bin", from_=2)
+    assert len(hashed) == 1
+    ckpts.delete(1)
+    ckpts.delete(2)
+    ckpts.verify(3)

@@ -100,6 +100,7 @@ def share_file(
                 raise NotRegularFileError(errno.EAGAIN, "replaced before it was shared", rel)
             for method in methods:
                 if method == "reflink" and _reflink(fd_in, dst):
+                    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))  # see below
                     return method, st
                 if method == "hardlink":
                     try:
@@ -114,6 +115,9 @@ def share_file(
                     return method, st
                 if method == "copy":
                     _copy(fd_in, dst)
+                    # The source's mtime, as a hard link has: a new file stamped now
+                    # would be racily clean (hashed to be carried on) at every carry.
+                    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
                     return method, st
             raise OSError(errno.EOPNOTSUPP, f"none of {methods} is possible here", str(dst))
         finally:

@@ -264,6 +264,11 @@ def carry_over(
     """
     new_files = {e.path for e in written if e.type != "dir"}
     out: list[FileEntry] = []
+    try:
+        marker_ns = os.stat(MARKER, dir_fd=pin.fd, follow_symlinks=False).st_mtime_ns
+    except OSError:
+        pin.check()  # replaced or deleted meanwhile: say that
+        marker_ns = 0  # else no entry is trusted on its identity
     for entry in base.manifest.files:  # sorted by path: parents before children
         target = staging / entry.path
         if _covered(entry.path, gone) or _covered(entry.path, new_files):
@@ -276,7 +281,7 @@ def carry_over(
             _fs.symlink(entry.target or "", target)
         elif _carry(base, entry, target, pin):
             root.sync.file(target)  # a copy's data is new: flush it
-        out.append(entry)
+        out.append(smudged(entry, marker_ns))
     # The directories that received entries: their new entries must be durable
     # before the rename (the staging dir itself is fsynced with the marker).
     for directory in sorted({(staging / e.path).parent for e in out} - {staging}):
@@ -312,6 +317,18 @@ def _carry(base: Checkpoint, entry: FileEntry, target: Path, pin: Pinned) -> boo
         ) from exc
 
 
+def smudged(entry: FileEntry, marker_ns: int) -> FileEntry:
+    """``entry`` of a checkpoint whose marker had mtime ``marker_ns``, as the amend's new
+    marker records it: without its identity if it was racily clean (written in the tick
+    of the commit, :data:`.carry.RACY_NS`), so that a carry still hashes it (git smudges
+    such entries when it writes its index anew); as it is otherwise."""
+    if entry.checksum is None or entry.mtime_ns is None:  # nothing a carry could hash
+        return entry
+    if entry.mtime_ns < marker_ns - _carrying.RACY_NS:
+        return entry
+    return dataclasses.replace(entry, ino=None, mtime_ns=None)
+
+
 def _rewrite_marker(root: Root, base: Checkpoint, metadata: dict[str, Any]) -> None:
     """Replace ``base``'s marker by one with ``metadata``, atomically and durably.
 
@@ -320,14 +337,6 @@ def _rewrite_marker(root: Root, base: Checkpoint, metadata: dict[str, Any]) -> N
     nothing written).
     """
     old = base.manifest
-    manifest = Manifest(
-        step=old.step,
-        files=old.files,
-        created=old.created,
-        library_version=old.library_version,
-        checksum=old.checksum,
-        metadata=metadata,
-    )
     with root.locked():
         try:
             st = os.lstat(base.path)
@@ -345,6 +354,15 @@ def _rewrite_marker(root: Root, base: Checkpoint, metadata: dict[str, Any]) -> N
                 path=base.path,
                 step=base.step,
             )
+        marker_ns = os.stat(base.path / MARKER, follow_symlinks=False).st_mtime_ns
+        manifest = Manifest(
+            step=old.step,
+            files=[smudged(e, marker_ns) for e in old.files],
+            created=old.created,
+            library_version=old.library_version,
+            checksum=old.checksum,
+            metadata=metadata,
+        )
         tmp = base.path / (MARKER_TMP_PREFIX + new_token())
         root.sync.marker(base.path, manifest.to_bytes(), tmp=tmp)
         root.sync.staging(base.path)

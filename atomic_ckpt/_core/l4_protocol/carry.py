@@ -7,8 +7,10 @@ only once the source is known to be the file that entry describes:
 
 * **committed**: the manifest records the file's inode, size and modification time (ns)
   as they were just before it was hashed at its commit, and the file opened now has the
-  same three, on the source checkpoint's device. Writing into a file changes its
-  modification time, so a file written in place since is not trusted;
+  same three, on the source checkpoint's device, and that time is more than 2 s
+  (:data:`RACY_NS`) before its marker's. Writing into a file changes its modification
+  time, so a file written in place since is not trusted; one written within a timestamp
+  tick of its commit (git's "racily clean" file) is verified;
 * **verified**: otherwise (a manifest written before identities were recorded, a
   checkpoint copied elsewhere, a file touched) the carried bytes are hashed once and
   compared with the entry's checksum: equal, it is carried; different, the carry is
@@ -51,7 +53,7 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import check_chosen_name, parse_step
+from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
@@ -76,6 +78,11 @@ names while the block runs, so nothing the block opens for writing there can rea
 shared with a committed checkpoint. Gone before the tree walk; removed with the staging
 dir on an abort."""
 
+
+RACY_NS = 2 * 10**9
+"""A file whose recorded mtime is not older than its marker's by more than this (the
+coarsest timestamp granularity: FAT, some NFS servers) is racily clean (git's rule): a
+same-size write in the tick it was hashed in kept its mtime, so it is hashed to be carried."""
 
 _RESERVE = threading.Lock()
 """Held while a carry takes its number (its slot in the commit's pending carries): never
@@ -166,6 +173,15 @@ class Pending:
     reuse: bool  # the source's algorithm is the root's: its entries are reused
 
 
+class Listed(list[Pending]):
+    """The pending carries of a commit whose publish the caller gives its file list
+    (``distributed_commit``, the DCP writer): :func:`carry` refuses at once."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+
 def carry(
     root: Root,
     staging: Path,
@@ -176,6 +192,13 @@ def carry(
     """See :meth:`Commit.carry <atomic_ckpt.Commit.carry>`: share the files into the
     staging dir at their :func:`waiting_name` and append the carry to ``pending`` (the
     commit's); a refused carry leaves the staging dir as it was."""
+    if isinstance(pending, Listed):
+        raise CommitStateError(
+            f"nothing can be carried into {staging}: it is {pending.what}, whose publish is "
+            "given the list of its files, not walked. Write the file, or use dedup=True to "
+            "link what equals the previous checkpoint's; nothing was carried",
+            path=staging,
+        )
     rel = relative(relpath)
     for other in pending:
         if rel == other.rel or rel.startswith(other.rel + "/") or other.rel.startswith(rel + "/"):
@@ -382,16 +405,20 @@ def _check_source(
     is the one ``entry`` describes: the same identity as at its commit, else the same
     bytes; the identity of ``target`` (what the publish checks it still has)."""
     algorithm = source.manifest.checksum
+    hashable = algorithm in CHECKSUMS and entry.checksum is not None
     committed = (
         entry.ino is not None
+        and entry.mtime_ns is not None
         and st.st_dev == os.fstat(pin).st_dev
         and (st.st_ino, st.st_size, st.st_mtime_ns) == (entry.ino, entry.size, entry.mtime_ns)
+        # Racily clean: hashed if it can be (without checksums nothing is claimed).
+        and (not hashable or entry.mtime_ns < os.stat(MARKER, dir_fd=pin).st_mtime_ns - RACY_NS)
     )
     now = os.lstat(target)
     if st.st_size != entry.size:
         raise _changed(source, entry, f"it is {st.st_size} bytes")
     if not committed:
-        if algorithm is None or algorithm not in CHECKSUMS or entry.checksum is None:
+        if algorithm is None or not hashable:
             raise _changed(source, entry, "it changed since its commit and has no checksum")
         if checksum_file(target, algorithm) != entry.checksum or identity(
             os.lstat(target)
