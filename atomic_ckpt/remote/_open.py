@@ -69,6 +69,10 @@ def check_root(url: str, protocol: str) -> None:
         why = f"{bucket!r} is no valid {what} name"
     elif prefix.rstrip("/") and "" in prefix.rstrip("/").split("/"):
         why = "the prefix has an empty segment ('//')"
+    elif {".", ".."} & set(prefix.split("/")):
+        # Request URLs have their dot segments resolved on the way (Azure answered 403,
+        # as if the credentials were wrong); GCS and S3 keep them as literal names.
+        why = f"the prefix {prefix!r} has a '.' or '..' segment: name the folder plainly"
     else:
         return
     raise ValueError(f"{url}: {why}: a root is {form}")
