@@ -135,5 +135,5 @@ def test_a_dot_segment_in_the_prefix_is_a_clear_error(
     url = f"{emulator.scheme}://{emulator.new_bucket()}/{prefix}"
     with pytest.raises(ValueError, match=r"'\.' or '\.\.'"):
         fast_root(emulator, url, tmp_path)
-    assert main([url, "ls"]) == 2
+    assert main(["ls", url]) == 2
     assert "'.' or '..'" in capsys.readouterr().err
