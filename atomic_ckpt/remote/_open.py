@@ -50,8 +50,8 @@ _FAMILY = {"gs": "gs", "gcs": "gs", "az": "az", "abfs": "az", "s3": "s3", "s3a":
 def check_root(url: str, protocol: str) -> None:
     """Refuse (ValueError naming the form a root takes) a root with no bucket right after
     ``://`` (``gs:///run`` is not the bucket "run"), a bucket the store's naming rules
-    forbid, or an empty segment in the prefix (``run//x``: the store keeps it apart from
-    ``run/x``). A trailing ``/`` is no segment."""
+    forbid, a ``.`` or ``..`` segment in the prefix, or an empty one (``run//x``: the
+    store keeps it apart from ``run/x``). A trailing ``/`` is no segment."""
     family = _FAMILY.get(protocol)
     if family is None:
         return
