@@ -50,6 +50,8 @@ OPTIONS = ("connection_timeout", "read_timeout", "connect_retries", "retry_deadl
 _LONGEST = float(1 << 31)
 """The longest timeout taken, in seconds (68 years): a socket cannot wait past ~9e9 s
 (every request would fail with an OverflowError), nor forever (inf)."""
+_SLICE = 1 << 16
+"""Bytes of a request body sent under one socket timeout (:func:`_fast_connecting`)."""
 _state = threading.local()
 """This thread's operation: ``failing`` (monotonic time its first failed request began,
 or None), ``why`` (how the last one failed)."""
@@ -203,7 +205,7 @@ class FastFailAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             _state.failing = start
         _state.why = _why(getattr(exc.args[0] if exc.args else None, "reason", exc))
         if _failing_for(time.monotonic()) >= self.reach.retry_deadline:
-            raise self._gave_up(request, start) from exc
+            raise self._gave_up(request, time.monotonic()) from exc
         raise exc
 
     def _gave_up(self, request: Any, now: float) -> DeadlineExceeded:
@@ -251,7 +253,20 @@ def _fast_connecting(pool: Any, limit: float) -> Any:
         sock.settimeout(sending)
         return sock
 
-    connection = type(f"FastConnecting{base.__name__}", (base,), {"_new_conn": _new_conn})
+    def send(self: Any, data: Any) -> None:
+        # http.client sends a bytes body with one sendall(), which the socket's timeout
+        # bounds as a whole: a part of 5 MiB on a slow link was cut off at the timeout
+        # (retry_deadline) with every byte moving. In slices, the timeout bounds a stall.
+        if isinstance(data, bytes | bytearray | memoryview) and len(data) > _SLICE:
+            view = memoryview(data).cast("B")
+            for offset in range(0, len(view), _SLICE):
+                base.send(self, view[offset : offset + _SLICE])
+            return
+        base.send(self, data)
+
+    connection = type(
+        f"FastConnecting{base.__name__}", (base,), {"_new_conn": _new_conn, "send": send}
+    )
     return type(f"FastConnecting{pool.__name__}", (pool,), {"ConnectionCls": connection})
 
 

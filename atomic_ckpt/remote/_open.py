@@ -50,8 +50,8 @@ _FAMILY = {"gs": "gs", "gcs": "gs", "az": "az", "abfs": "az", "s3": "s3", "s3a":
 def check_root(url: str, protocol: str) -> None:
     """Refuse (ValueError naming the form a root takes) a root with no bucket right after
     ``://`` (``gs:///run`` is not the bucket "run"), a bucket the store's naming rules
-    forbid, or an empty segment in the prefix (``run//x``: the store keeps it apart from
-    ``run/x``). A trailing ``/`` is no segment."""
+    forbid, a ``.`` or ``..`` segment in the prefix, or an empty one (``run//x``: the
+    store keeps it apart from ``run/x``). A trailing ``/`` is no segment."""
     family = _FAMILY.get(protocol)
     if family is None:
         return
@@ -69,6 +69,10 @@ def check_root(url: str, protocol: str) -> None:
         why = f"{bucket!r} is no valid {what} name"
     elif prefix.rstrip("/") and "" in prefix.rstrip("/").split("/"):
         why = "the prefix has an empty segment ('//')"
+    elif {".", ".."} & set(prefix.split("/")):
+        # Request URLs have their dot segments resolved on the way (Azure answered 403,
+        # as if the credentials were wrong); GCS and S3 keep them as literal names.
+        why = f"the prefix {prefix!r} has a '.' or '..' segment: name the folder plainly"
     else:
         return
     raise ValueError(f"{url}: {why}: a root is {form}")
