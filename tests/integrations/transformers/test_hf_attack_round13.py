@@ -16,10 +16,6 @@ from test_hf_trainer_api import make_trainer  # noqa: E402
 from atomic_ckpt import TMP_INFIX  # noqa: E402
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="final save fsyncs a symlinked output_dir with O_NOFOLLOW: NotADirectoryError",
-)
 def test_the_final_save_into_a_symlinked_output_dir_works(tmp_path: Path) -> None:
     """``output_dir`` a symlink to the real directory (``out -> /scratch/run1``, common on
     clusters): training commits its checkpoints there, and the final ``save_model``,
