@@ -39,11 +39,6 @@ def trainer_of(root: Path, plugins: list[Any], callbacks: list[Any], steps: int)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AtomicModelCheckpoint without AtomicCheckpointIO saves through TorchCheckpointIO "
-    "(not atomic, not durable) and says nothing",
-)
 def test_the_callback_without_the_plugin_says_its_saves_are_not_atomic(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
