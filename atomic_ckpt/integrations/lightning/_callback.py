@@ -113,7 +113,7 @@ class _AtomicModelCheckpoint(_ModelCheckpointBase):
             # fit beside another training's save in progress removes nothing either
             # (clean_temporaries sees the directory lock every write holds).
             for path in clean_temporaries(self.dirpath):
-                log.info("removed %s, left by an interrupted save", path)
+                log.warning("removed %s, left by an interrupted save", path)
         chain = _checkpoint_io_chain(trainer)
         ours = any(isinstance(io, _AtomicCheckpointIO) for io in chain)
         if trainer.is_global_zero and stage == "fit" and not ours:

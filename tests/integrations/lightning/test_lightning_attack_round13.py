@@ -114,11 +114,6 @@ def test_last_without_symlinks_is_a_whole_copy_and_resumes(
     assert (ckpts / "epoch=1-step=5.ckpt").read_bytes() != b""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lightning logs each removal at INFO on a logger without a handler: "
-    "nothing is shown by default (the transformers integration warns)",
-)
 @pytest.mark.parametrize("where", ["fit", "by hand"])
 def test_what_a_start_or_a_save_removes_is_said_where_a_user_sees_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
