@@ -51,3 +51,34 @@ def test_save_model_into_a_new_directory_through_a_symlinked_parent(tmp_path: Pa
     trainer.train()
     trainer.save_model(str(tmp_path / "link" / "final"))
     transformers.GPT2LMHeadModel.from_pretrained(real / "final")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the mixin after Trainer in the bases is silently inert: Trainer's own "
+    "_save_checkpoint, save_model and train run, nothing is atomic",
+)
+def test_the_mixin_after_trainer_in_the_bases_is_refused() -> None:
+    """A new user writes ``class T(SFTTrainer, AtomicCheckpointMixin)`` (the mixin last,
+    as mixins often go): every method of ``Trainer`` then comes before the mixin's, so
+    checkpoints are written straight into ``checkpoint-N`` and nothing says so. The class
+    statement must fail, naming the order the guide asks for."""
+    from transformers import Trainer
+
+    from atomic_ckpt.integrations.transformers import AtomicCheckpointMixin
+
+    class MyTrainer(Trainer):
+        pass
+
+    with pytest.raises(TypeError, match="AtomicCheckpointMixin first"):
+
+        class Wrong(MyTrainer, AtomicCheckpointMixin):
+            pass
+
+    class Right(AtomicCheckpointMixin, MyTrainer):  # still fine, and so is a subclass of it
+        pass
+
+    class Sub(Right):
+        pass
+
+    assert Sub._save_checkpoint is AtomicCheckpointMixin._save_checkpoint
