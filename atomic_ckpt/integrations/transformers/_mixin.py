@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 from pathlib import Path
@@ -15,6 +14,7 @@ from transformers.trainer_utils import TrainOutput
 
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt.integrations.transformers._classdef import check_bases, signature_of
 from atomic_ckpt.integrations.transformers._compat import save_model_is_collective
 from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
@@ -85,9 +85,10 @@ class AtomicCheckpointMixin(_Base):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        check_bases(cls, AtomicCheckpointMixin, Trainer)
         # inspect.signature(cls) (IDEs, docs, tools) would show our (*args, ..., **kwargs):
         # give the class the real one, the Trainer's parameters with ours.
-        cls.__signature__ = _signature_of(cls)  # type: ignore[attr-defined]
+        cls.__signature__ = signature_of(cls, AtomicCheckpointMixin)  # type: ignore[attr-defined]
 
     def __init__(
         self,
@@ -420,28 +421,6 @@ class AtomicCheckpointMixin(_Base):
             if step != best:
                 log.info("deleting %s due to save_total_limit=1", ckpts.path_of(step))
                 ckpts.delete(step)
-
-
-def _signature_of(cls: type[Any]) -> inspect.Signature | None:
-    """What ``cls(...)`` takes when its ``__init__`` is the mixin's: the parameters of the
-    ``__init__`` the mixin passes them to, with the mixin's keyword options before any
-    ``**kwargs``. None (inspect's own answer) when a subclass has an ``__init__`` of its own."""
-    mro = cls.__mro__
-    first = next((c for c in mro if "__init__" in c.__dict__), None)
-    if first is not AtomicCheckpointMixin:
-        return None
-    after = next(c for c in mro[mro.index(first) + 1 :] if "__init__" in c.__dict__)
-    try:
-        base = inspect.signature(after.__dict__["__init__"])
-    except (TypeError, ValueError):  # a builtin __init__ without one
-        return None
-    params = list(base.parameters.values())[1:]  # without self
-    own = inspect.signature(AtomicCheckpointMixin.__init__).parameters
-    ours = [p for p in own.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    at = next(
-        (i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params)
-    )
-    return base.replace(parameters=[*params[:at], *ours, *params[at:]])
 
 
 class AtomicTrainer(AtomicCheckpointMixin, Trainer):

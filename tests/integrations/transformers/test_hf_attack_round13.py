@@ -53,11 +53,6 @@ def test_save_model_into_a_new_directory_through_a_symlinked_parent(tmp_path: Pa
     transformers.GPT2LMHeadModel.from_pretrained(real / "final")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the mixin after Trainer in the bases is silently inert: Trainer's own "
-    "_save_checkpoint, save_model and train run, nothing is atomic",
-)
 def test_the_mixin_after_trainer_in_the_bases_is_refused() -> None:
     """A new user writes ``class T(SFTTrainer, AtomicCheckpointMixin)`` (the mixin last,
     as mixins often go): every method of ``Trainer`` then comes before the mixin's, so
