@@ -77,3 +77,64 @@ def test_the_mixin_after_trainer_in_the_bases_is_refused() -> None:
         pass
 
     assert Sub._save_checkpoint is AtomicCheckpointMixin._save_checkpoint
+
+
+def refuse_symlinks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``os.symlink`` refused as vfat, exFAT or some SMB mounts refuse it (EPERM; vfat
+    itself could not be mounted here: the container's kernel has no vfat module)."""
+    import errno
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "symlink", refuse)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="every checkpoint save links checkpoint-N to the staging dir: a bare "
+    "PermissionError at the first save where the filesystem makes no symlinks",
+)
+def test_checkpoints_on_a_filesystem_without_symlinks_save_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stock Trainer saves on vfat/exFAT/SMB; AtomicTrainer must too (issue 35: where it is
+    silent, what a user expects): each checkpoint committed whole, rotation, and the
+    automatic resume."""
+    refuse_symlinks(monkeypatch)
+    out = tmp_path / "out"
+    make_trainer(out, max_steps=4, save_steps=2, save_total_limit=1).train()
+    assert sorted(n for n in os.listdir(out) if TMP_INFIX not in n) == ["checkpoint-4"]
+    assert sorted(os.listdir(out / "checkpoint-4"))[:2] == ["checkpoint_complete", "config.json"]
+    trainer = make_trainer(out, max_steps=6, save_steps=2, save_total_limit=1)
+    trainer.train(resume_from_checkpoint="true")
+    assert trainer.state.global_step == 6
+    assert sorted(n for n in os.listdir(out) if TMP_INFIX not in n) == ["checkpoint-6"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the best checkpoint is named by the checkpoint_best symlink: set_best raises "
+    "PermissionError where the filesystem makes no symlinks",
+)
+def test_the_best_checkpoint_is_kept_on_a_filesystem_without_symlinks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load_best_model_at_end`` with ``save_total_limit=1`` where symlinks are refused: the
+    best checkpoint is kept (as Trainer counts it) without the ``checkpoint_best`` link."""
+    out = tmp_path / "out"
+    kw = {
+        "save_steps": 2,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "save_total_limit": 1,
+        "load_best_model_at_end": True,
+        "metric_for_best_model": "loss",
+        "greater_is_better": True,  # the first evaluation is the best: kept beside the last
+    }
+    refuse_symlinks(monkeypatch)
+    trainer = make_trainer(out, max_steps=6, **kw)
+    trainer.train()
+    best = Path(trainer.state.best_model_checkpoint or "")
+    assert best.name in os.listdir(out)
+    assert (best / "checkpoint_complete").exists()
