@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -13,7 +12,6 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
-from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.integrations.transformers._classdef import check_bases, signature_of
 from atomic_ckpt.integrations.transformers._compat import save_model_is_collective
 from atomic_ckpt.integrations.transformers._final import (
@@ -31,7 +29,12 @@ from atomic_ckpt.integrations.transformers._resume import (
     _rank,
     _read_with,
 )
-from atomic_ckpt.integrations.transformers._save import _commit
+from atomic_ckpt.integrations.transformers._save import (
+    _commit,
+    lift_inner,
+    make_inner,
+    set_best,
+)
 from atomic_ckpt.integrations.transformers._verified import (
     _VerifiedPath,
     last_checkpoint,
@@ -195,13 +198,8 @@ class AtomicCheckpointMixin(_Base):
         with _commit(ckpts, step, metadata, dedup=self._atomic_dedup) as staging:
             # Trainer writes "<run dir>/checkpoint-N/...". The run dir becomes the staging
             # dir, where "checkpoint-N" is a link to the staging dir itself: every rank's
-            # files land at their final paths, and nothing moves afterwards. Each rank
-            # makes the link (or finds it) before it writes anything.
-            inner = staging / folder
-            with contextlib.suppress(FileExistsError):
-                _fs.symlink(".", inner)
-            if not inner.is_symlink():
-                raise FileExistsError(f"{inner} is not the link this save made")
+            # files land at their final paths (without symlinks: a directory, moved up).
+            make_inner(staging, folder)
             failed: BaseException | None = None
             pushes: list[str] = []
             setattr(self, "_get_output_dir", lambda trial=None: str(staging))  # noqa: B010
@@ -224,7 +222,7 @@ class AtomicCheckpointMixin(_Base):
                 raise failed
             self._fix_best_path(run_dir, staging)
             if _rank() == 0:
-                os.unlink(inner)
+                lift_inner(staging, folder)
                 if (staging / TRAINER_STATE_NAME).exists():
                     # A new file, never a write through the old one (which a link may share).
                     os.unlink(staging / TRAINER_STATE_NAME)
@@ -383,8 +381,7 @@ class AtomicCheckpointMixin(_Base):
         """``save_total_limit`` and the best checkpoint, as Trainer counts them, through
         the library's retention (rank 0, after the commit is durable)."""
         best = self._best_step(ckpts)
-        if best is not None:
-            ckpts.set_best(best)
+        linked = best is None or set_best(ckpts, best)  # no link: the plan below keeps it
         limit = self._atomic_limit if self._atomic_in_train else self.args.save_total_limit
         if limit is None or limit <= 0:
             return
@@ -394,11 +391,12 @@ class AtomicCheckpointMixin(_Base):
             keep_last = max(1, limit - 1)  # the best counts toward the limit, as in Trainer
         uploading = self._atomic_uploading.steps(ckpts)
         self._atomic_deferred = False
-        if not uploading:
+        if not uploading and linked:
             ckpts.retain(keep_last=keep_last)
             return
-        # retain()'s plan, less what a background Hub upload still reads: kept until it
-        # ends (the next rotation, or the end of train(), deletes it).
+        # retain()'s plan (with the best kept by step where no link names it), less what
+        # a background Hub upload still reads: kept until it ends (the next rotation, or
+        # the end of train(), deletes it).
         keep = {*steps[-keep_last:], *([] if best is None else [best])}
         for step in steps:
             if step in keep:

@@ -90,11 +90,6 @@ def refuse_symlinks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "symlink", refuse)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every checkpoint save links checkpoint-N to the staging dir: a bare "
-    "PermissionError at the first save where the filesystem makes no symlinks",
-)
 def test_checkpoints_on_a_filesystem_without_symlinks_save_and_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,11 +107,6 @@ def test_checkpoints_on_a_filesystem_without_symlinks_save_and_resume(
     assert sorted(n for n in os.listdir(out) if TMP_INFIX not in n) == ["checkpoint-6"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the best checkpoint is named by the checkpoint_best symlink: set_best raises "
-    "PermissionError where the filesystem makes no symlinks",
-)
 def test_the_best_checkpoint_is_kept_on_a_filesystem_without_symlinks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
