@@ -105,6 +105,9 @@ def test_checkpoints_on_a_filesystem_without_symlinks_save_and_resume(
     trainer.train(resume_from_checkpoint="true")
     assert trainer.state.global_step == 6
     assert sorted(n for n in os.listdir(out) if TMP_INFIX not in n) == ["checkpoint-6"]
+    trainer.save_model()
+    trainer.save_state()
+    transformers.GPT2LMHeadModel.from_pretrained(out)
 
 
 def test_the_best_checkpoint_is_kept_on_a_filesystem_without_symlinks(
