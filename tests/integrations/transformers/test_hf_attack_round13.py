@@ -131,3 +131,27 @@ def test_the_best_checkpoint_is_kept_on_a_filesystem_without_symlinks(
     best = Path(trainer.state.best_model_checkpoint or "")
     assert best.name in os.listdir(out)
     assert (best / "checkpoint_complete").exists()
+
+
+def test_two_ranks_on_a_filesystem_without_symlinks_save_and_resume(tmp_path: Path) -> None:
+    """2 gloo ranks where ``symlink()`` is refused: both write into the real
+    ``checkpoint-N`` directory of the staging dir, rank 0 moves its entries up, each
+    checkpoint holds both ranks' RNG states, and the resume from ``True`` goes on."""
+    import json
+
+    from hf_launch import complete_steps, launch
+
+    out = tmp_path / "out"
+    cfg = {"out": str(out), "steps": 4, "save_steps": 2, "limit": 1, "no_symlinks": True}
+    run = launch(cfg, world=2, tmp=tmp_path)
+    assert run.ok, run.logs
+    assert complete_steps(out) == [4]
+    names = os.listdir(out / "checkpoint-4")
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors"} <= set(names), names
+    assert "checkpoint-4" not in names
+    result = tmp_path / "result.json"
+    cfg = {**cfg, "steps": 6, "resume": True, "result": str(result)}
+    run = launch(cfg, world=2, tmp=tmp_path)
+    assert run.ok, run.logs
+    assert json.loads(result.read_text())["global_step"] == 6
+    assert complete_steps(out) == [6]
