@@ -113,8 +113,18 @@ class _AtomicModelCheckpoint(_ModelCheckpointBase):
             # fit beside another training's save in progress removes nothing either
             # (clean_temporaries sees the directory lock every write holds).
             for path in clean_temporaries(self.dirpath):
-                log.info("removed %s, left by an interrupted save", path)
-        for io in _checkpoint_io_chain(trainer):
+                log.warning("removed %s, left by an interrupted save", path)
+        chain = _checkpoint_io_chain(trainer)
+        ours = any(isinstance(io, _AtomicCheckpointIO) for io in chain)
+        if trainer.is_global_zero and stage == "fit" and not ours:
+            log.warning(
+                "%s: the trainer's CheckpointIO is %s, not AtomicCheckpointIO: its saves "
+                "(and trainer.save_checkpoint) are not atomic or durable, only the `last` "
+                "link is. Add plugins=[AtomicCheckpointIO()] to the Trainer",
+                type(self).__name__,
+                type(chain[0]).__name__ if chain else None,
+            )
+        for io in chain:
             if type(io).__name__ == "AsyncCheckpointIO" and not isinstance(io, _AtomicCheckpointIO):
                 raise ValueError(
                     f"{type(self).__name__} cannot keep its order with Lightning's "

@@ -269,7 +269,7 @@ class _AtomicCheckpointIO(_CheckpointIOBase):
         # After every queued save (so none of ours is live in the directory).
         directory = os.path.dirname(os.path.abspath(path))
         for removed in clean_temporaries(directory, durable=self.durable):
-            log.info("removed %s, left by an interrupted save", removed)
+            log.warning("removed %s, left by an interrupted save", removed)
         self._save_now(checkpoint, path)
 
     def _link_previous(self, path: str, tmp: Path, digest: str) -> None:

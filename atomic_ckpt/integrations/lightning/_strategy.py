@@ -60,7 +60,7 @@ class _AtomicShardedSave(_StrategyBase):
             # this save's staging directory yet; a live write elsewhere is left alone.
             beside = os.path.dirname(os.path.abspath(_local(filepath)))
             for removed in clean_temporaries(beside):
-                log.info("removed %s, left by an interrupted save", removed)
+                log.warning("removed %s, left by an interrupted save", removed)
         final = _local(self.broadcast(os.fspath(filepath)))
         name = self.broadcast(temp_name(os.path.basename(final)))
         parent = os.path.dirname(os.path.abspath(final))

@@ -68,9 +68,12 @@ def _final_save(
         if failed is not None:
             raise failed
         if handle is not None:
-            moved = _move_into(handle.path, Path(output_dir), durable=durable)
+            # The directory itself, not a link to it (``out -> /scratch/run``): its fsync
+            # opens it without following links.
+            target = handle.path.parent
+            moved = _move_into(handle.path, target, durable=durable)
             if weights:
-                _remove_stale_weights(Path(output_dir), moved, durable=durable)
+                _remove_stale_weights(target, moved, durable=durable)
     finally:
         if handle is not None:
             handle.abort(failed)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import logging
 import os
 from pathlib import Path
@@ -14,7 +12,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
 from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, parse_step
-from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt.integrations.transformers._classdef import check_bases, signature_of
 from atomic_ckpt.integrations.transformers._compat import save_model_is_collective
 from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
@@ -31,7 +29,12 @@ from atomic_ckpt.integrations.transformers._resume import (
     _rank,
     _read_with,
 )
-from atomic_ckpt.integrations.transformers._save import _commit
+from atomic_ckpt.integrations.transformers._save import (
+    _commit,
+    lift_inner,
+    make_inner,
+    set_best,
+)
 from atomic_ckpt.integrations.transformers._verified import (
     _VerifiedPath,
     last_checkpoint,
@@ -87,9 +90,10 @@ class AtomicCheckpointMixin(_Base):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        check_bases(cls, AtomicCheckpointMixin, Trainer)
         # inspect.signature(cls) (IDEs, docs, tools) would show our (*args, ..., **kwargs):
         # give the class the real one, the Trainer's parameters with ours.
-        cls.__signature__ = _signature_of(cls)  # type: ignore[attr-defined]
+        cls.__signature__ = signature_of(cls, AtomicCheckpointMixin)  # type: ignore[attr-defined]
 
     def __init__(
         self,
@@ -200,13 +204,8 @@ class AtomicCheckpointMixin(_Base):
         ) as staging:
             # Trainer writes "<run dir>/checkpoint-N/...". The run dir becomes the staging
             # dir, where "checkpoint-N" is a link to the staging dir itself: every rank's
-            # files land at their final paths, and nothing moves afterwards. Each rank
-            # makes the link (or finds it) before it writes anything.
-            inner = staging / folder
-            with contextlib.suppress(FileExistsError):
-                _fs.symlink(".", inner)
-            if not inner.is_symlink():
-                raise FileExistsError(f"{inner} is not the link this save made")
+            # files land at their final paths (without symlinks: a directory, moved up).
+            make_inner(staging, folder)
             failed: BaseException | None = None
             pushes: list[str] = []
             setattr(self, "_get_output_dir", lambda trial=None: str(staging))  # noqa: B010
@@ -229,7 +228,7 @@ class AtomicCheckpointMixin(_Base):
                 raise failed
             self._fix_best_path(run_dir, staging)
             if _rank() == 0:
-                os.unlink(inner)
+                lift_inner(staging, folder)
                 if (staging / TRAINER_STATE_NAME).exists():
                     # A new file, never a write through the old one (which a link may share).
                     os.unlink(staging / TRAINER_STATE_NAME)
@@ -388,8 +387,7 @@ class AtomicCheckpointMixin(_Base):
         """``save_total_limit`` and the best checkpoint, as Trainer counts them, through
         the library's retention (rank 0, after the commit is durable)."""
         best = self._best_step(ckpts)
-        if best is not None:
-            ckpts.set_best(best)
+        linked = best is None or set_best(ckpts, best)  # no link: the plan below keeps it
         limit = self._atomic_limit if self._atomic_in_train else self.args.save_total_limit
         if limit is None or limit <= 0:
             return
@@ -399,11 +397,12 @@ class AtomicCheckpointMixin(_Base):
             keep_last = max(1, limit - 1)  # the best counts toward the limit, as in Trainer
         uploading = self._atomic_uploading.steps(ckpts)
         self._atomic_deferred = False
-        if not uploading:
+        if not uploading and linked:
             ckpts.retain(keep_last=keep_last)
             return
-        # retain()'s plan, less what a background Hub upload still reads: kept until it
-        # ends (the next rotation, or the end of train(), deletes it).
+        # retain()'s plan (with the best kept by step where no link names it), less what
+        # a background Hub upload still reads: kept until it ends (the next rotation, or
+        # the end of train(), deletes it).
         keep = {*steps[-keep_last:], *([] if best is None else [best])}
         for step in steps:
             if step in keep:
@@ -426,28 +425,6 @@ class AtomicCheckpointMixin(_Base):
             if step != best:
                 log.info("deleting %s due to save_total_limit=1", ckpts.path_of(step))
                 ckpts.delete(step)
-
-
-def _signature_of(cls: type[Any]) -> inspect.Signature | None:
-    """What ``cls(...)`` takes when its ``__init__`` is the mixin's: the parameters of the
-    ``__init__`` the mixin passes them to, with the mixin's keyword options before any
-    ``**kwargs``. None (inspect's own answer) when a subclass has an ``__init__`` of its own."""
-    mro = cls.__mro__
-    first = next((c for c in mro if "__init__" in c.__dict__), None)
-    if first is not AtomicCheckpointMixin:
-        return None
-    after = next(c for c in mro[mro.index(first) + 1 :] if "__init__" in c.__dict__)
-    try:
-        base = inspect.signature(after.__dict__["__init__"])
-    except (TypeError, ValueError):  # a builtin __init__ without one
-        return None
-    params = list(base.parameters.values())[1:]  # without self
-    own = inspect.signature(AtomicCheckpointMixin.__init__).parameters
-    ours = [p for p in own.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    at = next(
-        (i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params)
-    )
-    return base.replace(parameters=[*params[:at], *ours, *params[at:]])
 
 
 class AtomicTrainer(AtomicCheckpointMixin, Trainer):

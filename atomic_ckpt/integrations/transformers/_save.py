@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from atomic_ckpt import CheckpointDir, DistributedCommitError, StepConflictError
+from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.distributed import distributed_commit
 from atomic_ckpt.integrations.transformers._resume import _distributed
 
 _OPTION = "pass replace_unusable=True"
+
+log = logging.getLogger(__package__ or __name__)
 
 
 @contextlib.contextmanager
@@ -48,3 +54,70 @@ def _commit(
             else DistributedCommitError(trainer, path=exc.path, step=exc.step, ranks=exc.ranks)
         )
         raise reworded from exc
+
+
+_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+"""What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
+mounts)."""
+
+
+def symlinks_refused(exc: OSError) -> bool:
+    """Whether ``exc`` (wrapped or not) says the filesystem makes no symlinks."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+    return cause.errno in _SYMLINK_REFUSALS
+
+
+def make_inner(staging: Path, folder: str) -> None:
+    """``staging/<folder>``, where Trainer writes ``<run dir>/checkpoint-N/...``: a link to the
+    staging directory itself, so every rank's files land at their final paths; where the
+    filesystem makes no symlinks, a real directory whose entries :func:`lift_inner` moves
+    up once every rank has written. Each rank makes it (or finds it) before it writes."""
+    inner = staging / folder
+    try:
+        _fs.symlink(".", inner)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if not symlinks_refused(exc):
+            raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(inner)
+    if not (inner.is_symlink() or inner.is_dir()):
+        raise FileExistsError(f"{inner} is not the link this save made")
+
+
+def lift_inner(staging: Path, folder: str) -> None:
+    """Rank 0, once every rank has written: ``staging/<folder>`` gone, and where it was a
+    real directory (no symlinks), each entry renamed up into ``staging`` first (before the
+    commit flushes the staging directory, so the renames are made durable with it)."""
+    inner = staging / folder
+    if inner.is_symlink():
+        os.unlink(inner)
+        return
+    for name in sorted(os.listdir(inner)):
+        _fs.rename(inner / name, staging / name)
+    os.rmdir(inner)
+
+
+_warned_best: set[Path] = set()
+
+
+def set_best(ckpts: CheckpointDir, step: int) -> bool:
+    """``ckpts.set_best(step)``; False (warned once per root) where the filesystem makes no
+    symlinks, which the ``checkpoint_best`` pointer is: the caller then keeps the best
+    checkpoint itself."""
+    try:
+        ckpts.set_best(step)
+    except OSError as exc:
+        if not symlinks_refused(exc):
+            raise
+        if ckpts.root not in _warned_best:
+            _warned_best.add(ckpts.root)
+            log.warning(
+                "%s refuses symlinks: the best checkpoint (%s) is kept by rotation, but no "
+                "checkpoint_best link names it",
+                ckpts.root,
+                ckpts.path_of(step),
+            )
+        return False
+    return True

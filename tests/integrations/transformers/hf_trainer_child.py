@@ -22,6 +22,7 @@ out of sight but not yet removed).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -128,6 +129,12 @@ def dataset() -> list[dict[str, torch.Tensor]]:
 
 
 def main(cfg: dict[str, Any]) -> None:
+    if cfg.get("no_symlinks"):  # as vfat, exFAT or some SMB mounts: symlink() refused
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+        os.symlink = refuse  # type: ignore[assignment]
     out = Path(cfg["out"])
     if cfg.get("kill"):
         point, n = cfg["kill"]
