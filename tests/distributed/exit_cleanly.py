@@ -1,8 +1,7 @@
-"""One gloo rank of two: commit once, then end the way a training script does (no os._exit).
+"""Two gloo ranks commit once and then end the way a training script does (no os._exit).
 
-Run: ``python exit_cleanly.py RANK ROOT INIT_FILE destroy|keep``, once per rank, as a
-launcher such as torchrun starts them (a fresh interpreter each, which ends by returning
-from the script). The process exits 0 unless its interpreter's teardown aborts.
+Run: ``python exit_cleanly.py ROOT INIT_FILE destroy|keep``. Exits 0 when every
+rank exited 0; otherwise prints each rank's exit status and exits 1.
 """
 
 from __future__ import annotations
@@ -10,12 +9,13 @@ from __future__ import annotations
 import sys
 
 import torch.distributed as dist
-
-from atomic_ckpt import CheckpointDir
-from atomic_ckpt.distributed import distributed_commit
+import torch.multiprocessing as mp
 
 
 def rank_main(rank: int, root: str, init: str, destroy: bool) -> None:
+    from atomic_ckpt import CheckpointDir
+    from atomic_ckpt.distributed import distributed_commit
+
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     with distributed_commit(CheckpointDir(root), 1) as path:
         (path / f"rank{rank}.bin").write_bytes(b"x")
@@ -24,5 +24,13 @@ def rank_main(rank: int, root: str, init: str, destroy: bool) -> None:
 
 
 if __name__ == "__main__":
-    rank, root, init, how = sys.argv[1:5]
-    rank_main(int(rank), root, init, how == "destroy")
+    root, init, how = sys.argv[1:4]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=rank_main, args=(r, root, init, how == "destroy")) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    codes = [p.exitcode for p in procs]
+    print("exit codes:", codes)
+    sys.exit(0 if codes == [0, 0] else 1)
