@@ -2,7 +2,8 @@
 
 Each page runs in a child process of its own (a fresh ``__main__`` namespace, a
 temporary working directory, no process group or logging setup leaking between
-pages), its blocks in order, so a block may use what an earlier block of the same
+pages; forked from one process that imported torch, so a page does not pay for
+that import again), its blocks in order, so a block may use what an earlier block of the same
 page defined. A block that imports an optional package that is not installed is
 skipped with its name, and so is every later block of that page (they build on it);
 CI installs every extra, so nothing skips there. Blocks that are not meant to run
@@ -15,8 +16,12 @@ import importlib.util
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -123,18 +128,48 @@ def installed(name: str) -> bool:
 
 ALL_BLOCKS = [b for page in PAGES for b in python_blocks(page)]
 
-_CHILD = r"""
-import json, os, sys, traceback, types
-blocks = json.loads(sys.stdin.read())
+_SERVER = r"""
+import importlib, json, os, sys, types
+for module in ("torch", "safetensors.torch"):  # what most pages import: once, not per page
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        pass
+def answer(**fields):
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+answer(ready=os.getpid())
+request = None
+for line in sys.stdin:
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        request = json.loads(line)
+        break
+    answer(pid=pid)
+    _, status = os.waitpid(pid, 0)
+    answer(returncode=-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+if request is None:
+    sys.exit(0)
+# A forked child: one page's blocks, then the interpreter's normal exit.
+null = os.open(os.devnull, os.O_RDONLY)
+out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for fd, target in ((0, null), (1, out), (2, out)):  # stdout and stderr share one offset
+    os.dup2(target, fd)
+os.close(null)
+os.close(out)
+os.chdir(request["cwd"])
+os.environ["DOC_SNIPPET_RESULTS"] = request["results"]
 main = types.ModuleType("__main__")
 main.__dict__["__builtins__"] = __builtins__
 sys.modules["__main__"] = main
 results = {}
-for b in blocks:
+for b in request["blocks"]:
     try:
         code = compile("\n" * (b["line"] - 1) + b["code"], b["page"], "exec")
         exec(code, main.__dict__)
     except BaseException:
+        import traceback
         results[b["id"]] = traceback.format_exc()
         break
     results[b["id"]] = None
@@ -143,6 +178,73 @@ for b in blocks:
 with open(os.environ["DOC_SNIPPET_RESULTS"], "w") as f:
     json.dump(results, f)
 """
+"""The process that runs the pages: it imports torch once (most pages import it; about 2 s
+of CPU each time) and forks one child per page, which runs the page's blocks in a fresh
+``__main__`` in the page's working directory and ends as an interpreter does (``atexit``
+handlers and all). A child is a process of its own, so nothing a page sets up (a process
+group, logging, a signal handler) reaches another page."""
+
+
+class PageServer:
+    """The ``_SERVER`` process of this worker, started at its first page."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env["HF_HUB_OFFLINE"] = "1"  # a docs example never downloads
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
+            bufsize=0,
+        )
+        self.buffer = b""
+        assert "ready" in self.answer(PAGE_TIMEOUT)
+
+    def answer(self, timeout: float) -> dict[str, int]:
+        """The server's next line (a line read ahead is kept)."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            wait = max(deadline - time.monotonic(), 0)
+            ready, _, _ = select.select([self.proc.stdout], [], [], wait)
+            if not ready:
+                raise subprocess.TimeoutExpired("a page's child", timeout)
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            assert chunk, f"the page server ended (exit {self.proc.poll()})"
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return dict(json.loads(line))
+
+    def run(self, request: dict[str, object]) -> int:
+        """Run one page in a forked child: its exit status as ``subprocess`` gives it."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        pid = self.answer(PAGE_TIMEOUT)["pid"]
+        try:
+            return self.answer(PAGE_TIMEOUT)["returncode"]
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            raise
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+_SERVERS: list[PageServer] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _page_server() -> Iterator[None]:
+    """This module's page server (started by the first page run), ended after its tests."""
+    yield
+    while _SERVERS:
+        _SERVERS.pop().close()
 
 
 @dataclass
@@ -175,25 +277,26 @@ def run_page(page: Path, workdir: Path) -> PageRun:
             continue
         runnable.append(b)
     results_file = workdir / "results.json"
-    env = dict(os.environ, DOC_SNIPPET_RESULTS=str(results_file))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["HF_HUB_OFFLINE"] = "1"  # a docs example never downloads
-    payload = [
-        {"id": b.id, "page": str(b.page.relative_to(REPO)), "line": b.line, "code": b.code}
-        for b in runnable
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        cwd=workdir,
-        env=env,
-        timeout=PAGE_TIMEOUT,
-        check=False,
-    )
-    output = (proc.stdout + proc.stderr)[-6000:]
+    output_file = workdir.parent / f"{workdir.name}.out"
+    request = {
+        "blocks": [
+            {"id": b.id, "page": str(b.page.relative_to(REPO)), "line": b.line, "code": b.code}
+            for b in runnable
+        ],
+        "cwd": str(workdir),
+        "results": str(results_file),
+        "out": str(output_file),
+    }
+    if not _SERVERS:
+        _SERVERS.append(PageServer())
+    try:
+        returncode = _SERVERS[0].run(request)
+    except BaseException:
+        server = _SERVERS.pop()  # its answers are out of step now: the next page starts anew
+        server.proc.kill()
+        server.proc.wait()
+        raise
+    output = output_file.read_text(errors="replace")[-6000:] if output_file.exists() else ""
     if results_file.exists():
         results: dict[str, str | None] = json.loads(results_file.read_text())
     else:
@@ -201,7 +304,7 @@ def run_page(page: Path, workdir: Path) -> PageRun:
     for b in runnable:
         if b.id not in results:
             results[b.id] = (
-                f"not run (the page's child exited {proc.returncode} "
+                f"not run (the page's child exited {returncode} "
                 "before it, or an earlier block failed)"
             )
     _RUNS[page] = PageRun(results, output, skipped)
