@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from atomic_ckpt._core.l1_names.errors import CommitStateError
+from atomic_ckpt._core.l1_names.names import TAG_STAGING, parse_tmp
+from atomic_ckpt._core.l2_syscalls import locks as _locks
+from atomic_ckpt._core.l2_syscalls.forksafe import ProcessLock
 from atomic_ckpt._core.l3_formats.manifest import check_metadata
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
@@ -265,7 +268,7 @@ def refuse_rejoin(final: Path, step: int | None) -> None:
 
 # ---------------------------------------------------------------- the registry
 
-_LOCK = threading.Lock()
+_LOCK = ProcessLock()
 _OPEN: dict[tuple[Path, str], list[weakref.ref[Any]]] = {}
 """This process's open commits, by (root, directory name), oldest first. Every one is kept,
 so that a nested commit of a step ending leaves the outer one findable. After a fork the
@@ -351,6 +354,7 @@ def find_join(root: Any, name: str, step: int | None) -> Commit | None:
     with _LOCK:
         ended = _ENDED.get((root.path, name))
     if ended is None or ended[:2] == (me, threading.get_ident()):
+        refuse_foreign(root, name, step)
         return None
     refuse_rejoin(final, step)  # committed: the message names amend
     pid, _, how = ended
@@ -362,6 +366,35 @@ def find_join(root: Any, name: str, step: int | None) -> Commit | None:
         path=final,
         step=step,
     )
+
+
+def refuse_foreign(root: Any, name: str, step: int | None) -> None:
+    """For ``join=True`` with no open commit of ``name`` in this process: CommitStateError
+    if another process is committing it right now (a staging dir of ``name`` whose lock a
+    live process holds: a DataLoader-like worker forked before the trainer began the
+    commit, another rank). Committed alone, the block would publish a checkpoint holding
+    only its part, which the other commit then replaces without it."""
+    try:
+        entries = os.listdir(root.path)
+    except OSError:  # no root yet: nobody is committing into it
+        return
+    for entry in entries:
+        tmp = parse_tmp(entry)
+        if tmp is None or tmp.is_lock or tmp.tag != TAG_STAGING or tmp.name != name:
+            continue
+        if not _locks.is_held(root.path / tmp.lock()):
+            continue  # an orphan a killed save left, for clean()
+        what = f"step {step}" if step is not None else repr(name)
+        raise CommitStateError(
+            f"join=True found no open commit of {what} in this process, but another process "
+            f"is committing it (its staging directory {root.path / entry} is locked). A "
+            "join cannot reach another process's commit, and committed alone this block "
+            "would publish a checkpoint holding only its part: write the part from the "
+            "process that opened the commit (or into that staging directory, and let that "
+            "process publish it), or commit a whole checkpoint without join=True",
+            path=root.path / name,
+            step=step,
+        )
 
 
 def refuse_nested(root: Any, name: str, step: int | None) -> None:
