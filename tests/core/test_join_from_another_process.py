@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from treeutil import contents
@@ -83,19 +84,17 @@ def test_a_worker_forked_before_the_commit_cannot_publish_its_part_alone(
     assert contents(final) == {"main.bin": b"m" * 10}
 
 
-@pytest.fixture
-def held_locks() -> Iterator[list[threading.Lock]]:
-    """Every module-level lock of the library's core a commit takes."""
+def _library_locks() -> list[Any]:
+    """Every module-level lock of the library's core."""
     from atomic_ckpt._core.l2_syscalls import fs as _fs
     from atomic_ckpt._core.l4_protocol import carry as _carry
     from atomic_ckpt._core.l4_protocol import joining as _joining
+    from atomic_ckpt._core.l5_facade import closing as _closing
 
-    yield [_joining._LOCK, _fs._DURABLE_ENTRIES_LOCK, _carry._RESERVE]
+    return [_joining._LOCK, _fs._DURABLE_ENTRIES_LOCK, _carry._RESERVE, _closing._UNOBSERVED_LOCK]
 
 
-def test_a_child_forked_while_a_library_lock_is_held_can_still_commit(
-    tmp_path: Path, held_locks: list[threading.Lock]
-) -> None:
+def test_a_child_forked_while_a_library_lock_is_held_can_still_commit(tmp_path: Path) -> None:
     """Another thread (an async commit ending) holds the registry lock at the instant a
     DataLoader worker is forked: the worker's own commit used to wait forever on the copy
     of that lock, which no thread of the child would ever release."""
@@ -107,10 +106,11 @@ def test_a_child_forked_while_a_library_lock_is_held_can_still_commit(
         return b"committed"
 
     taken, release = threading.Event(), threading.Event()
+    held_locks = _library_locks()
 
     def holder() -> None:
         for lock in held_locks:
-            lock.acquire()
+            assert lock.acquire(timeout=60)
         taken.set()
         release.wait(60)
         for lock in held_locks:

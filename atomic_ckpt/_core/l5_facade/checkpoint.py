@@ -261,9 +261,8 @@ class CheckpointDir(Reading, TrainerOps):
           commit, and aborts it like any failed joined block;
         * a join once the commit is being published, from another thread once it ended
           (published or aborted), or in a child forked inside it, is refused
-          (CommitStateError): such a late part is never committed alone; so is a join
-          with no open commit in this process while another process commits the step
-          (its staging directory locked: a worker forked before the commit opened).
+          (CommitStateError): such a late part is never committed alone; so is one with
+          nothing open here while another process (a worker forked earlier) commits it.
 
         With no open commit, ``join=True`` commits as usual, unless ``step`` is committed
         (CommitStateError naming :meth:`amend`) or is a late part as above;
