@@ -18,12 +18,14 @@ import pytest
 from treeutil import contents
 
 from atomic_ckpt import TMP_INFIX, CheckpointDir
+from atomic_ckpt.distributed import rank0_commit
 
 Opener = Callable[[CheckpointDir, bool], AbstractContextManager[Path]]
 
 OPENERS: dict[str, Opener] = {
     "commit": lambda c, join: c.commit(5, join=join),
     "commit_named": lambda c, join: c.commit_named("interrupted", join=join),
+    "rank0_commit": lambda c, join: rank0_commit(c, 5, join=join),
 }
 
 
@@ -80,7 +82,7 @@ def test_a_worker_forked_before_the_commit_cannot_publish_its_part_alone(
         assert [p.name for p in root.iterdir() if TMP_INFIX not in p.name] == []
     assert outcome.startswith("CommitStateError"), outcome
     assert "another process" in outcome
-    final = root / ("5" if opener == "commit" else "interrupted")
+    final = root / ("interrupted" if opener == "commit_named" else "5")
     assert contents(final) == {"main.bin": b"m" * 10}
 
 
