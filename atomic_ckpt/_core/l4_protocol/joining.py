@@ -239,8 +239,18 @@ def joined(commit: Commit, **options: Any) -> Iterator[Path]:
         merge_options(commit, **options)
         yield commit.path
     except BaseException as exc:
+        ended = commit.state != "open"  # aborted while this block ran (its staging removed)
         commit.leave_join(exc)
         commit._raise_disk_full(exc)  # as an ordinary commit's block would
+        if ended and isinstance(exc, Exception):  # its write failed because of that
+            raise CommitStateError(
+                f"the commit of {describe(commit)} this block joined was aborted while the "
+                f"block ran (its own block ended with an error, or another joined block "
+                f"failed), and its staging directory removed; this block then failed "
+                f"({type(exc).__name__}: {exc}). Nothing was published: save the step again",
+                path=commit.final,
+                step=commit._step,
+            ) from exc
         raise
     commit.leave_join(None)
 
