@@ -441,6 +441,9 @@ def _changed(source: Checkpoint, entry: FileEntry, why: str) -> VerificationErro
 def carry_all(commit: Any, carry: Mapping[str, int | str] | None) -> None:
     """:meth:`Commit.carry` each relative path of ``carry`` from the checkpoint it maps to
     (the ``carry=`` argument of ``commit()``); how each was carried is logged."""
+    if carry is not None and not isinstance(carry, Mapping):  # one path, a list of them
+        what = f"({{'tokenizer/': 4}}), not {carry!r}"
+        raise TypeError(f"carry= maps each relative path to the step or name it comes from {what}")
     for relpath, source in (carry or {}).items():
         how = commit.carry(relpath, from_=source)
         log.info("carried %s from %s into %s (%s)", relpath, source, commit.name, how)
