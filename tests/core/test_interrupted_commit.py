@@ -52,3 +52,35 @@ def test_an_interrupt_while_a_lock_is_taken_never_leaves_it_held(
         pytest.fail(f"a lock leaked by the interrupted commit is still held: {exc}")
     assert contents(root / "5") == {"a.bin": b"again"}
     assert [p.name for p in root.iterdir() if TMP_INFIX in p.name] == []
+
+
+def test_an_interrupt_after_the_promotion_says_the_checkpoint_is_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C between the rename and the root fsync: the interrupt propagates with a note
+    that the step was promoted and is visible but may not survive a power loss (as
+    NotDurableError says for a failed fsync there), and nothing but what clean() removes
+    is left; the step holds the new save whole."""
+    from atomic_ckpt._core.l4_protocol import delete as _delete
+
+    root = tmp_path / "ckpts"
+    c = CheckpointDir(root)
+    with c.commit(5) as path:
+        (path / "a.bin").write_bytes(b"old")
+    hits: list[bool] = []
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        hits.append(True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_delete, "point_aliases", interrupted)
+    with pytest.raises(KeyboardInterrupt) as raised, c.commit(5) as path:
+        (path / "a.bin").write_bytes(b"new")
+    monkeypatch.undo()
+    assert hits
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "promoted" in notes
+    assert "power loss" in notes
+    assert contents(root / "5") == {"a.bin": b"new"}
+    c.clean()
+    assert [p.name for p in root.iterdir() if TMP_INFIX in p.name] == []
