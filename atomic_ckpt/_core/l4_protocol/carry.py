@@ -106,12 +106,13 @@ def relative(relpath: str | os.PathLike[str]) -> str:
     return rel
 
 
-def source_of(root: Root, from_: int | str) -> Checkpoint:
+def source_of(root: Root, from_: int | str, arg: str = "from_") -> Checkpoint:
     """The complete checkpoint ``from_`` names: a step (an int, or its directory name) or
-    a named checkpoint; CheckpointNotFoundError if there is none."""
+    a named checkpoint; CheckpointNotFoundError if there is none (or it is an alias)."""
     if isinstance(from_, str):
         step = parse_step(from_, root.prefix)
         if step is None:
+            _delete.refuse_alias(root, from_, arg)
             name = check_chosen_name("checkpoint name", from_, root.prefix, hidden=False)
             path = root.path / name
             try:

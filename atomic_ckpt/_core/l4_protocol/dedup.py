@@ -104,7 +104,7 @@ def previous(root: Root, step: int | None, dedup: Dedup) -> Checkpoint | None:
                 return ckpt
         return None
     try:
-        return _carry.source_of(root, dedup)
+        return _carry.source_of(root, dedup, "dedup")
     except CheckpointNotFoundError as exc:
         log.warning("dedup: %s; nothing is deduplicated", exc)
         return None

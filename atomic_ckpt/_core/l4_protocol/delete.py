@@ -205,6 +205,26 @@ def remove_aliases(root: Root, names: set[str]) -> list[Path]:
     return found
 
 
+def refuse_alias(root: Root, name: str, arg: str) -> None:
+    """CheckpointNotFoundError if ``name``, given as the argument ``arg`` (``from_``), is
+    an alias in the root (a symlink naming a step: ``aliases=``, or the best pointer),
+    saying which step to pass instead: ``arg`` names a checkpoint itself, never a link
+    that may move meanwhile."""
+    if "/" in name or os.sep in name:
+        return
+    try:
+        target = os.readlink(root.path / name)
+    except (OSError, ValueError):
+        return  # not a symlink (or not there): the caller's checks say what it is
+    step = parse_step(target, root.prefix) if "/" not in target else None
+    names = f"step {step}, so pass {arg}={step}" if step is not None else repr(target)
+    raise CheckpointNotFoundError(
+        f"{name!r} in {root.path} is an alias (a symbolic link naming {names}), not a "
+        f"checkpoint: {arg}= takes a step or a named checkpoint's name. Nothing was done",
+        path=root.path / name,
+    )
+
+
 # --------------------------------------------------------------------------- the best pointer
 
 

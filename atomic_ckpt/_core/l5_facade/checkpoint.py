@@ -272,7 +272,7 @@ class CheckpointDir(Reading, TrainerOps):
 
         ``carry``: files or subtrees of committed checkpoints put into the staging
         directory before it is yielded, without writing them again: ``{"tokenizer/": 4,
-        "frozen.safetensors": "best"}`` maps each relative path to the step or checkpoint
+        "frozen.safetensors": "interrupted"}`` maps each relative path to the step or checkpoint
         name it comes from (see :meth:`Commit.carry <atomic_ckpt.Commit.carry>`, which
         also says how each was carried).
 
