@@ -17,16 +17,16 @@ only once the source is known to be the file that entry describes:
   refused (:class:`~atomic_ckpt.VerificationError`) and nothing of it stays. A source
   without checksums cannot be verified and is refused.
 
-The shared files wait at private names in the staging dir's top level (``CARRYING.<carry>.
-<file>``), never at their own names while the block runs (a plain ``open(name, "wb")`` there
-would truncate the source through a hard link); :func:`place` renames them to their names
-at the publish, after the block's writes, through directory descriptors (never following a
-link): a name the block wrote keeps the block's file. No directory is made for the waiting
-files, so none is removed at the publish (an ``rmdir`` frees a block: on a filesystem
-mounted with ``discard`` and no journal that is a synchronous discard, 3-20 ms).
-Durability comes with the commit: its tree walk, after the
-placement, fsyncs every file of the staging dir (a reflink's or copy's new data and
-metadata) and every directory (a hard link's new entry).
+The shared files wait at private names in the staging dir's top level (``CARRYING.<random>
+.<carry>.<file>``), never at their own names while the block runs (a plain ``open(name,
+"wb")`` there would truncate the source through a hard link); :func:`place` renames them
+to their names at the publish, after the block's writes, through directory descriptors
+(never following a link): a name the block wrote keeps the block's file. No directory is
+made for the waiting files, so none is removed at the publish (an ``rmdir`` frees a block:
+on a filesystem mounted with ``discard`` and no journal that is a synchronous discard,
+3-20 ms). Durability comes with the commit: its tree walk, after the placement, fsyncs
+every file of the staging dir (a reflink's or copy's new data and metadata) and every
+directory (a hard link's new entry).
 At the publish a carried file still having the identity it had when carried is not hashed
 again; one written in place meanwhile (same inode, new size or time: through a link shared
 with a committed checkpoint) stops the commit.
@@ -40,6 +40,7 @@ import errno
 import logging
 import os
 import posixpath
+import secrets
 import stat
 import threading
 from collections.abc import Mapping
@@ -72,11 +73,10 @@ Carried = dict[str, tuple[FileEntry, Identity]]
 _RANK: dict[Method, int] = {"reflink": 0, "hardlink": 1, "copy": 2}
 
 CARRYING = ".carrying.tmp-atomic_ckpt"
-"""The prefix of the private names in the staging dir's top level where carried files wait
-for the publish (``CARRYING.<carry>.<file>``, :func:`waiting_name`): never at their own
-names while the block runs, so nothing the block opens for writing there can reach a file
-shared with a committed checkpoint. Gone before the tree walk; removed with the staging
-dir on an abort."""
+"""The prefix of the private names (:func:`waiting_name`) in the staging dir's top level
+where carried files wait for the publish, never at their own names while the block runs:
+nothing the block opens for writing there can reach a file shared with a committed
+checkpoint. Gone before the tree walk; removed with the staging dir on an abort."""
 
 
 RACY_NS = 2 * 10**9
@@ -90,10 +90,12 @@ shared by two carries, which joined threads may make at once (a refused carry le
 slot empty and inert, so no later one takes its number)."""
 
 
-def waiting_name(carry: int, file: int) -> str:
+def waiting_name(carry: int, file: int, token: str) -> str:
     """The private name at which file ``file`` of the ``carry``-th carry of a commit waits
-    in the staging dir's top level for the publish."""
-    return f"{CARRYING}.{carry}.{file}"
+    in the staging dir's top level for the publish; ``token`` is random, drawn by each
+    carry, so no name a checkpoint was committed with (nor one the block wrote before the
+    carry) is ever a waiting name: the publish would take that file for the carried one."""
+    return f"{CARRYING}.{token}.{carry}.{file}"
 
 
 def relative(relpath: str | os.PathLike[str]) -> str:
@@ -227,11 +229,12 @@ def carry(
         pending.append(Pending("", {}, [], {}, False))  # inert until filled in below
     waiting: dict[str, str] = {}
     made: dict[str, tuple[FileEntry, Identity]] = {}
+    token = secrets.token_hex(8)
     try:
         methods = []
         for entry in entries:
             if entry.type == "file":
-                name = waiting_name(number, len(waiting))
+                name = waiting_name(number, len(waiting), token)
                 methods.append(_one(staging / name, source, pin, entry, made))
                 waiting[entry.path] = name  # (a refused one left nothing there)
     except BaseException:
