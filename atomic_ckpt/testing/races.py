@@ -1,0 +1,175 @@
+"""Actions of the model check for the threads and nestings later reviews found: a carry
+still in flight in another thread when the block ends, a joined block left open in a
+suspended generator, a commit of the same step nested without ``join=True``, and a block
+joining from another thread after the commit it names was aborted.
+
+Each is a pair (``run`` on a :class:`~atomic_ckpt.CheckpointDir`, ``apply`` to a
+:class:`~atomic_ckpt.testing.model.RootModel`) like those of
+:mod:`atomic_ckpt.testing.actions`; :mod:`atomic_ckpt.testing.alphabet` names them.
+Where a race has to be made to happen (a carry in flight as the block ends), the action
+holds the thread on an event, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from atomic_ckpt import CheckpointDir, CommitStateError
+from atomic_ckpt._core.l2_syscalls import share as _share
+from atomic_ckpt.testing.actions import PART, A, Boom, _commit, _write
+from atomic_ckpt.testing.defects import patched
+from atomic_ckpt.testing.model import Refused, RootModel, Saved
+from atomic_ckpt.testing.parts import CARRY_SOURCE, Apply, Run
+
+__all__ = ["RACES"]
+
+
+class _Watched(threading.Condition):
+    """A commit's condition that sets ``blocked`` when a thread waits on it (a publish
+    waiting for the blocks joined to it: for the carry in flight)."""
+
+    def __init__(self, blocked: threading.Event) -> None:
+        super().__init__()
+        self.blocked = blocked
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.blocked.set()
+        return super().wait(timeout)
+
+
+def carry_thread(c: CheckpointDir) -> None:
+    """A loader thread carries step 1's model.bin into the open commit of step 3 and is
+    still in the carry (its file shared at its private waiting name) when the main
+    thread's block ends: the publish waits for the carry and puts the file at its name,
+    never the waiting name. Where step 1 has no model.bin nothing is carried (the loader
+    looks first) and step 3 holds the block's part alone.
+
+    The carry is held (on an event, after its file is shared) until the publish waits for
+    it, or, where the publish does not wait, until the publish has ended: the race the
+    review found, made to happen every time."""
+    wanted = 1 in c.steps() and (c.path_of(1) / CARRY_SOURCE).is_file()
+    in_flight, release = threading.Event(), threading.Event()
+    got: list[object] = []
+    real = _share.share_file
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        made = real(*args, **kwargs)
+        in_flight.set()
+        if not release.wait(60):
+            raise AssertionError("neither waited for nor published in 60 s")
+        return made
+
+    def load(commit: Any) -> None:
+        try:
+            got.append(commit.carry(CARRY_SOURCE, from_=1))
+        except BaseException as exc:  # raised by the action below, after the publish
+            got.append(exc)
+            in_flight.set()
+
+    worker = None
+    try:
+        with patched(_share, "share_file", held), c.begin(3) as commit:
+            commit._cond = _Watched(release)  # nothing waits on it yet
+            _write(commit.path, PART)
+            if wanted:
+                worker = threading.Thread(target=load, args=(commit,))
+                worker.start()
+                if not in_flight.wait(60):
+                    raise AssertionError("the carry never reached its file")
+    finally:
+        release.set()
+        if worker is not None:
+            worker.join()
+    if got and isinstance(got[0], BaseException):
+        raise got[0]
+
+
+def apply_carry_thread(m: RootModel) -> None:
+    source = m.steps.get(1)
+    carried = {k: v for k, v in source.files if k == CARRY_SOURCE} if source else {}
+    m.legacy.pop(3, None)
+    m.steps[3] = Saved.of({**carried, **PART})
+
+
+def join_generator(c: CheckpointDir) -> None:
+    """A generator's joined block is suspended (it wrote its part and yielded) when the
+    commit's block ends: the commit is refused, CommitStateError naming the generator,
+    nothing published (the part is not finished); the generator is closed after."""
+
+    def part() -> Generator[None, None, None]:
+        with c.commit(3, join=True) as q:
+            _write(q, PART)
+            yield
+            _write(q, {"part2.bin": b"Q" * 8})
+
+    gen = part()
+    try:
+        with c.commit(3) as p:
+            _write(p, A)
+            next(gen)
+    finally:
+        gen.close()
+
+
+def commit_nested(c: CheckpointDir) -> None:
+    """A commit of step 3 inside the block of a commit of step 3 (no ``join=True``) is
+    refused before it stages anything; the caller swallows the refusal and the outer
+    commit publishes its own save. Never is the inner part published, even for a moment."""
+    with c.commit(3) as p:
+        _write(p, A)
+        try:
+            with c.commit(3) as q:
+                _write(q, PART)
+        except CommitStateError:
+            pass
+
+
+def late_join(c: CheckpointDir) -> None:
+    """A loader thread joins the commit of step 3 after it was aborted (its block raised):
+    the join is refused (CommitStateError; the action lets the block's error through),
+    never committed alone holding its one part."""
+    ended = threading.Event()
+    got: list[BaseException | None] = []
+
+    def loader() -> None:
+        ended.wait()
+        try:
+            with c.commit(3, join=True) as q:
+                _write(q, PART)
+        except BaseException as exc:  # judged below
+            got.append(exc)
+        else:
+            got.append(None)
+
+    worker = threading.Thread(target=loader)
+    worker.start()
+    try:
+        with c.commit(3) as p:
+            _write(p, A)
+            raise Boom("the save failed while a loader thread was about to join it")
+    finally:
+        ended.set()
+        worker.join()
+        if got and got[0] is not None and not isinstance(got[0], CommitStateError):
+            raise got[0]
+
+
+def refuse(exc: type[BaseException], why: str, says: str | None = None) -> Apply:
+    def apply(m: RootModel) -> None:
+        raise Refused(exc, why, says=says)
+
+    return apply
+
+
+RACES: Mapping[str, tuple[Run, Apply]] = {
+    "carry_thread": (carry_thread, apply_carry_thread),
+    "join_generator": (
+        join_generator,
+        refuse(CommitStateError, "a joined block is suspended", says="generator"),
+    ),
+    "commit_nested": (commit_nested, _commit(3, A)[1]),
+    "late_join": (late_join, refuse(Boom, "the block raised; the late join is refused")),
+}
+"""The actions of this module by name."""
