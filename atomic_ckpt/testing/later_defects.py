@@ -1,6 +1,6 @@
 """The defects reviews found after the first mutants were written (carries in flight,
-joined blocks left open, nested and late commits, the order of a delete), each a context
-manager that patches the library for a with block;
+joined blocks left open, nested and late commits, interrupted publishes, the order of a
+delete), each a context manager that patches the library for a with block;
 :data:`~atomic_ckpt.testing.mutants.API_MUTANTS` names them."""
 
 from __future__ import annotations
@@ -56,6 +56,31 @@ def _open_join_in_own_thread_ignored() -> Iterator[None]:
                 self._sealed = True
                 return
         self._require_open("publish")
+
+    with patched(_joining.JoinedBlocks, "seal", seal):
+        yield
+
+
+@contextlib.contextmanager
+def _interrupted_publish_left_open() -> Iterator[None]:
+    """An exception interrupting the publish's wait for a joined block (Ctrl-C) propagates
+    without aborting the commit: its staging dir, lock and registration stay (the
+    interrupt handler's save of the step is then refused as nested in it)."""
+    real = _joining.JoinedBlocks.seal
+
+    def seal(self: Any) -> None:
+        self._require_open("publish")
+        with self._cond:
+            if self._sealed:
+                return
+            if not self._joiners.get(threading.get_ident()):
+                self._cond.wait_for(
+                    lambda: not self._joiners or self._state != "open", self.join_timeout
+                )
+            if self._state == "open" and not self._joiners:
+                self._sealed = True
+                return
+        real(self)  # the refusals, as the library words them
 
     with patched(_joining.JoinedBlocks, "seal", seal):
         yield
@@ -135,6 +160,7 @@ LATER_DEFECTS = {
     "carry_in_flight_not_waited": _carry_not_counted,
     "open_join_in_own_thread_ignored": _open_join_in_own_thread_ignored,
     "open_join_blames_publish": _open_join_blames_publish,
+    "interrupted_publish_left_open": _interrupted_publish_left_open,
     "nested_commit_not_refused": _nested_commit_not_refused,
     "late_join_commits_alone": _late_join_commits_alone,
     "delete_unlinks_not_durable": _delete_unlinks_not_durable,

@@ -296,6 +296,7 @@ KILLED_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "nested_commit_not_refused": ("empty", ("commit_nested",)),
     "late_join_commits_alone": ("empty", ("late_join",)),
     "delete_unlinks_not_durable": ("two", ("delete_best_force",)),
+    "interrupted_publish_left_open": ("empty", ("publish_interrupted",)),
 }
 """For each API mutant, a sequence of the default model check (a starting root of
 :data:`~atomic_ckpt.testing.alphabet.ROOTS`, action names) that fails with it put back."""

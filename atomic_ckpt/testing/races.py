@@ -1,7 +1,8 @@
 """Actions of the model check for the threads and nestings later reviews found: a carry
 still in flight in another thread when the block ends, a joined block left open in a
-suspended generator, a commit of the same step nested without ``join=True``, and a block
-joining from another thread after the commit it names was aborted.
+suspended generator, a commit of the same step nested without ``join=True``, a block
+joining from another thread after the commit it names was aborted, and a publish
+interrupted (Ctrl-C) while it waits for a joined block.
 
 Each is a pair (``run`` on a :class:`~atomic_ckpt.CheckpointDir`, ``apply`` to a
 :class:`~atomic_ckpt.testing.model.RootModel`) like those of
@@ -23,7 +24,7 @@ from atomic_ckpt.testing.defects import patched
 from atomic_ckpt.testing.model import Refused, RootModel, Saved
 from atomic_ckpt.testing.parts import CARRY_SOURCE, Apply, Run
 
-__all__ = ["RACES"]
+__all__ = ["RACES", "Interrupted"]
 
 
 class _Watched(threading.Condition):
@@ -156,6 +157,62 @@ def late_join(c: CheckpointDir) -> None:
             raise got[0]
 
 
+class Interrupted(RuntimeError):
+    """What ``publish_interrupted`` raises for the KeyboardInterrupt it injected (an
+    action's errors are ``Exception``: a KeyboardInterrupt would end the whole check)."""
+
+
+class _CtrlC(threading.Condition):
+    """A commit's condition on which a wait is interrupted at once (Ctrl-C arriving while
+    the publish waits for a joined block), after setting ``waited``."""
+
+    def __init__(self, waited: threading.Event) -> None:
+        super().__init__()
+        self.waited = waited
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.set()
+        raise KeyboardInterrupt
+
+
+def publish_interrupted(c: CheckpointDir) -> None:
+    """Ctrl-C while the publish of step 3 waits for a block joined from another thread:
+    the commit is aborted (nothing published, no staging dir or lock left, so the
+    interrupt handler can save again) and the interrupt propagates; the joined block then
+    ends with CommitStateError (its commit is gone)."""
+    entered, waited = threading.Event(), threading.Event()
+    got: list[BaseException] = []
+
+    def part() -> None:
+        try:
+            with c.commit(3, join=True) as q:
+                _write(q, PART)
+                entered.set()
+                waited.wait(60)
+        except BaseException as exc:  # judged below
+            got.append(exc)
+            entered.set()
+
+    worker = threading.Thread(target=part)
+    try:
+        with c.begin(3) as commit:
+            commit._cond = _CtrlC(waited)  # nothing waits on it yet
+            _write(commit.path, A)
+            worker.start()
+            if not entered.wait(60):
+                raise AssertionError("the joined block never started")
+    except KeyboardInterrupt:
+        waited.set()
+        worker.join()
+        if got and not isinstance(got[0], CommitStateError):
+            raise got[0] from None
+        raise Interrupted("Ctrl-C while the publish waited for a joined block") from None
+    finally:
+        waited.set()
+        if worker.ident is not None:  # started
+            worker.join()
+
+
 def refuse(exc: type[BaseException], why: str, says: str | None = None) -> Apply:
     def apply(m: RootModel) -> None:
         raise Refused(exc, why, says=says)
@@ -171,5 +228,6 @@ RACES: Mapping[str, tuple[Run, Apply]] = {
     ),
     "commit_nested": (commit_nested, _commit(3, A)[1]),
     "late_join": (late_join, refuse(Boom, "the block raised; the late join is refused")),
+    "publish_interrupted": (publish_interrupted, refuse(Interrupted, "Ctrl-C in the publish")),
 }
 """The actions of this module by name."""

@@ -1,9 +1,10 @@
 """The defects reviews found after the first API mutants were written (a carry in flight
 as the block ends, a joined block left open in a generator, a same-step commit nested
-without join, a late join after an abort, a delete's unlinks not durable before its
-rename aside): each is a mutant (atomic_ckpt.testing.later_defects) that survived the
-alphabet as it was, and the actions of atomic_ckpt.testing.races (and the model's
-``says``) that kill it. test_model_check.py's test_each_review_defect_put_back_is_caught
+without join, a late join after an abort, a publish interrupted while it waits, a
+delete's unlinks not durable before its rename aside): each is a mutant
+(atomic_ckpt.testing.later_defects), all but the last of which survived the alphabet as
+it was, and the actions of atomic_ckpt.testing.races (and the model's ``says``) that
+kill them. test_model_check.py's test_each_review_defect_put_back_is_caught
 checks each against its KILLED_BY sequence; these pin how each is caught."""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _check(mutant: str, *, crashes: bool = True) -> str:
 
 
 def test_every_race_action_is_in_the_alphabet_and_every_later_defect_has_a_sequence() -> None:
-    """The four race actions run in the default check; each later defect names its killer."""
+    """The race actions run in the default check; each later defect names its killer."""
     assert set(RACES) <= {a.name for a in ALPHABET}
     assert set(LATER_DEFECTS) <= set(KILLED_BY)
 
@@ -77,11 +78,13 @@ def test_a_refusal_must_name_the_cause_the_model_says(caplog: pytest.LogCaptureF
     [
         ("open_join_in_own_thread_ignored", "returned, the model says CommitStateError"),
         ("late_join_commits_alone", "left step:3"),
+        ("interrupted_publish_left_open", "beside the checkpoints"),
     ],
 )
 def test_a_join_defect_is_caught_live(mutant: str, shows: str) -> None:
     """A publish ignoring its own thread's open joined block returns where the model says
-    CommitStateError; a late join committing alone leaves a step 3 the model has not."""
+    CommitStateError; a late join committing alone leaves a step 3 the model has not; an
+    interrupted publish left open leaves its staging dir and lock."""
     found = _check(mutant)
     assert shows in found, found
 
