@@ -121,6 +121,25 @@ def _nested_commit_not_refused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _distributed_block_not_marked() -> Iterator[None]:
+    """``distributed_commit``'s rank-0 commit is not marked the commit of the block: a
+    ``commit()`` of the step nested in it (no ``join=True``) is not refused, publishes its
+    part, and the distributed commit then replaces it."""
+    from atomic_ckpt.distributed import _commit as _dcommit
+
+    real = _dcommit._begin
+
+    def begin(*args: Any, **kwargs: Any) -> Any:
+        commit, path = real(*args, **kwargs)
+        if commit is not None:
+            commit._block = None
+        return commit, path
+
+    with patched(_dcommit, "_begin", begin):
+        yield
+
+
+@contextlib.contextmanager
 def _late_join_commits_alone() -> Iterator[None]:
     """A join from another thread after the commit it names ended (aborted, or published
     and pruned) finds nothing open and commits its one part alone as the checkpoint."""
@@ -162,6 +181,7 @@ LATER_DEFECTS = {
     "open_join_blames_publish": _open_join_blames_publish,
     "interrupted_publish_left_open": _interrupted_publish_left_open,
     "nested_commit_not_refused": _nested_commit_not_refused,
+    "distributed_nested_not_refused": _distributed_block_not_marked,
     "late_join_commits_alone": _late_join_commits_alone,
     "delete_unlinks_not_durable": _delete_unlinks_not_durable,
 }

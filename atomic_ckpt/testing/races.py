@@ -1,18 +1,21 @@
 """Actions of the model check for the threads and nestings later reviews found: a carry
 still in flight in another thread when the block ends, a joined block left open in a
-suspended generator, a commit of the same step nested without ``join=True``, a block
+suspended generator, a commit of the same step nested without ``join=True`` (in
+``ckpts.commit`` and in ``distributed_commit``), a block
 joining from another thread after the commit it names was aborted, and a publish
 interrupted (Ctrl-C) while it waits for a joined block.
 
 Each is a pair (``run`` on a :class:`~atomic_ckpt.CheckpointDir`, ``apply`` to a
 :class:`~atomic_ckpt.testing.model.RootModel`) like those of
 :mod:`atomic_ckpt.testing.actions`; :mod:`atomic_ckpt.testing.alphabet` names them.
-Where a race has to be made to happen (a carry in flight as the block ends), the action
+``distributed_nested`` imports torch.distributed when it runs, so importing this module
+does not. Where a race has to be made to happen (a carry in flight as the block ends), the action
 holds the thread on an event, never on a sleep.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Generator, Mapping
 from typing import Any
@@ -213,6 +216,32 @@ def publish_interrupted(c: CheckpointDir) -> None:
             worker.join()
 
 
+def distributed_nested(c: CheckpointDir) -> None:
+    """As ``commit_nested``, inside ``distributed_commit`` of step 3 on a one-rank gloo
+    process group (the nested ``commit(3)`` is refused as inside ``ckpts.commit``)."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from atomic_ckpt.distributed import distributed_commit
+
+    if dist.is_initialized():
+        raise RuntimeError("distributed_nested makes its own process group: one is open")
+    with tempfile.TemporaryDirectory(prefix="atomic_ckpt-store-") as where:
+        store = "file://" + os.path.join(where, "store")
+        dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+        try:
+            with distributed_commit(c, 3) as p:
+                _write(p, A)
+                try:
+                    with c.commit(3) as q:
+                        _write(q, PART)
+                except CommitStateError:
+                    pass
+        finally:
+            dist.destroy_process_group()
+
+
 def refuse(exc: type[BaseException], why: str, says: str | None = None) -> Apply:
     def apply(m: RootModel) -> None:
         raise Refused(exc, why, says=says)
@@ -229,5 +258,6 @@ RACES: Mapping[str, tuple[Run, Apply]] = {
     "commit_nested": (commit_nested, _commit(3, A)[1]),
     "late_join": (late_join, refuse(Boom, "the block raised; the late join is refused")),
     "publish_interrupted": (publish_interrupted, refuse(Interrupted, "Ctrl-C in the publish")),
+    "distributed_nested": (distributed_nested, _commit(3, A)[1]),
 }
 """The actions of this module by name."""

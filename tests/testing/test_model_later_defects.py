@@ -1,11 +1,12 @@
 """The defects reviews found after the first API mutants were written (a carry in flight
 as the block ends, a joined block left open in a generator, a same-step commit nested
-without join, a late join after an abort, a publish interrupted while it waits, a
-delete's unlinks not durable before its rename aside): each is a mutant
-(atomic_ckpt.testing.later_defects), all but the last of which survived the alphabet as
-it was, and the actions of atomic_ckpt.testing.races (and the model's ``says``) that
-kill them. test_model_check.py's test_each_review_defect_put_back_is_caught
-checks each against its KILLED_BY sequence; these pin how each is caught."""
+without join in ckpts.commit and in distributed_commit, a late join after an abort, a
+publish interrupted while it waits, a delete's unlinks not durable before its rename
+aside): each is a mutant (atomic_ckpt.testing.later_defects), all but the last of which
+survived the alphabet as it was, and the actions of atomic_ckpt.testing.races (and the
+model's ``says``) that kill them. test_model_check.py's
+test_each_review_defect_put_back_is_caught checks each against its KILLED_BY sequence;
+these pin how each is caught."""
 
 from __future__ import annotations
 
@@ -55,11 +56,13 @@ def test_a_carry_in_flight_not_waited_for_commits_its_waiting_name() -> None:
     assert ".carrying.tmp-" in found, found
 
 
-def test_a_nested_commit_not_refused_is_caught_by_a_crash_state_not_live() -> None:
-    """Unrefused, the inner commit publishes its part and the outer one replaces it: the
-    end state is the model's, so only a crash between the two publishes shows it."""
-    assert _check("nested_commit_not_refused", crashes=False) == ""
-    found = _check("nested_commit_not_refused")
+@pytest.mark.parametrize("mutant", ["nested_commit_not_refused", "distributed_nested_not_refused"])
+def test_a_nested_commit_not_refused_is_caught_by_a_crash_state_not_live(mutant: str) -> None:
+    """Unrefused (in ckpts.commit, or in distributed_commit on a one-rank process group),
+    the inner commit publishes its part and the outer one replaces it: the end state is
+    the model's, so only a crash between the two publishes shows it."""
+    assert _check(mutant, crashes=False) == ""
+    found = _check(mutant)
     assert "step:3 is" in found, found
     assert "part1.bin" in found, found
 
