@@ -137,8 +137,8 @@ def _actions() -> tuple[Action, ...]:
         add(name, run, apply, crash=name not in LIVE_EDGES)
     for name, (run, apply, phase) in MULTI_EDGES.items():
         add(name, run, apply, multi=True, midway=phase)
-    for name, (run, apply) in RACES.items():
-        add(name, run, apply)
+    for name, (run, apply, first) in RACES.items():
+        add(name, run, apply, midway=first)
 
     return tuple(out)
 

@@ -140,6 +140,28 @@ def _distributed_block_not_marked() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _rank0_one_block_per_step() -> Iterator[None]:
+    """The open ``rank0_commit`` blocks are recorded one per step: a second thread's block
+    of the step overwrites the first's record, and the block that ends second finds none
+    (KeyError: its save aborted)."""
+    from atomic_ckpt.distributed import _commit as _dcommit
+
+    @contextlib.contextmanager
+    def open_rank0(key: tuple[str, int | str], path: Path | None) -> Iterator[Any]:
+        opened = _dcommit._Opened(path)
+        with _dcommit._RANK0_LOCK:
+            _dcommit._OPEN_RANK0[key] = [opened]
+        try:
+            yield opened
+        finally:
+            with _dcommit._RANK0_LOCK:
+                del _dcommit._OPEN_RANK0[key]
+
+    with patched(_dcommit, "_open_rank0", open_rank0):
+        yield
+
+
+@contextlib.contextmanager
 def _late_join_commits_alone() -> Iterator[None]:
     """A join from another thread after the commit it names ended (aborted, or published
     and pruned) finds nothing open and commits its one part alone as the checkpoint."""
@@ -182,6 +204,7 @@ LATER_DEFECTS = {
     "interrupted_publish_left_open": _interrupted_publish_left_open,
     "nested_commit_not_refused": _nested_commit_not_refused,
     "distributed_nested_not_refused": _distributed_block_not_marked,
+    "rank0_one_block_per_step": _rank0_one_block_per_step,
     "late_join_commits_alone": _late_join_commits_alone,
     "delete_unlinks_not_durable": _delete_unlinks_not_durable,
 }

@@ -298,6 +298,7 @@ KILLED_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "delete_unlinks_not_durable": ("two", ("delete_best_force",)),
     "interrupted_publish_left_open": ("empty", ("publish_interrupted",)),
     "distributed_nested_not_refused": ("empty", ("distributed_nested",)),
+    "rank0_one_block_per_step": ("empty", ("rank0_threads",)),
 }
 """For each API mutant, a sequence of the default model check (a starting root of
 :data:`~atomic_ckpt.testing.alphabet.ROOTS`, action names) that fails with it put back."""

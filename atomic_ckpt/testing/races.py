@@ -1,16 +1,17 @@
 """Actions of the model check for the threads and nestings later reviews found: a carry
 still in flight in another thread when the block ends, a joined block left open in a
 suspended generator, a commit of the same step nested without ``join=True`` (in
-``ckpts.commit`` and in ``distributed_commit``), a block
-joining from another thread after the commit it names was aborted, and a publish
-interrupted (Ctrl-C) while it waits for a joined block.
+``ckpts.commit`` and in ``distributed_commit``), two threads saving one step with
+``rank0_commit`` at once, a block joining from another thread after the commit it names
+was aborted, and a publish interrupted (Ctrl-C) while it waits for a joined block.
 
 Each is a pair (``run`` on a :class:`~atomic_ckpt.CheckpointDir`, ``apply`` to a
 :class:`~atomic_ckpt.testing.model.RootModel`) like those of
 :mod:`atomic_ckpt.testing.actions`; :mod:`atomic_ckpt.testing.alphabet` names them.
-``distributed_nested`` imports torch.distributed when it runs, so importing this module
-does not. Where a race has to be made to happen (a carry in flight as the block ends), the action
-holds the thread on an event, never on a sleep.
+``distributed_nested`` and ``rank0_threads`` import torch.distributed when they run, so
+importing this module does not. Where a race has to be made to happen (a carry in flight
+as the block ends, two blocks open at once), the action holds its threads on events,
+never on a sleep.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any
 
 from atomic_ckpt import CheckpointDir, CommitStateError
 from atomic_ckpt._core.l2_syscalls import share as _share
-from atomic_ckpt.testing.actions import PART, A, Boom, _commit, _write
+from atomic_ckpt.testing.actions import PART, A, B, Boom, _commit, _write
 from atomic_ckpt.testing.defects import patched
 from atomic_ckpt.testing.model import Refused, RootModel, Saved
-from atomic_ckpt.testing.parts import CARRY_SOURCE, Apply, Run
+from atomic_ckpt.testing.parts import CARRY_SOURCE, Apply, Run, _rank0
 
 __all__ = ["RACES", "Interrupted"]
 
@@ -242,6 +243,45 @@ def distributed_nested(c: CheckpointDir) -> None:
             dist.destroy_process_group()
 
 
+def rank0_threads(c: CheckpointDir) -> None:
+    """Two threads each save step 3 with ``rank0_commit`` (no ``join``), their blocks open
+    at once: each is a whole save of its own, the first to end promotes ``A``, the second
+    then replaces it with ``B`` (the last to promote wins, as for ``ckpts.commit``)."""
+    first_open, second_open, first_done = (threading.Event() for _ in range(3))
+    errors: list[BaseException] = []
+
+    def save(files: Mapping[str, bytes], opened: threading.Event, after: threading.Event) -> None:
+        try:
+            with _rank0(c, 3) as p:
+                _write(p, files)
+                opened.set()
+                if not after.wait(60):
+                    raise AssertionError("the other thread's block never opened")
+        except BaseException as exc:  # raised below, in the action's thread
+            errors.append(exc)
+        finally:
+            opened.set()
+
+    def second() -> None:
+        first_open.wait(60)
+        save(B, second_open, first_done)
+
+    worker = threading.Thread(target=second)
+    worker.start()
+    try:
+        save(A, first_open, second_open)
+    finally:
+        first_done.set()
+        worker.join()
+    if errors:
+        raise errors[0]
+
+
+def apply_rank0_threads(m: RootModel) -> None:
+    m.legacy.pop(3, None)
+    m.steps[3] = Saved.of(B)
+
+
 def refuse(exc: type[BaseException], why: str, says: str | None = None) -> Apply:
     def apply(m: RootModel) -> None:
         raise Refused(exc, why, says=says)
@@ -249,15 +289,23 @@ def refuse(exc: type[BaseException], why: str, says: str | None = None) -> Apply
     return apply
 
 
-RACES: Mapping[str, tuple[Run, Apply]] = {
-    "carry_thread": (carry_thread, apply_carry_thread),
+RACES: Mapping[str, tuple[Run, Apply, Apply | None]] = {
+    "carry_thread": (carry_thread, apply_carry_thread, None),
     "join_generator": (
         join_generator,
         refuse(CommitStateError, "a joined block is suspended", says="generator"),
+        None,
     ),
-    "commit_nested": (commit_nested, _commit(3, A)[1]),
-    "late_join": (late_join, refuse(Boom, "the block raised; the late join is refused")),
-    "publish_interrupted": (publish_interrupted, refuse(Interrupted, "Ctrl-C in the publish")),
-    "distributed_nested": (distributed_nested, _commit(3, A)[1]),
+    "commit_nested": (commit_nested, _commit(3, A)[1], None),
+    "late_join": (late_join, refuse(Boom, "the block raised; the late join is refused"), None),
+    "publish_interrupted": (
+        publish_interrupted,
+        refuse(Interrupted, "Ctrl-C in the publish"),
+        None,
+    ),
+    "distributed_nested": (distributed_nested, _commit(3, A)[1], None),
+    "rank0_threads": (rank0_threads, apply_rank0_threads, _commit(3, A)[1]),
 }
-"""The actions of this module by name."""
+"""The actions of this module by name: (run, apply, midway), ``midway`` the first phase
+a crash may show on its own (``rank0_threads``: the first thread's save, before the
+second replaces it)."""

@@ -1,6 +1,7 @@
 """The defects reviews found after the first API mutants were written (a carry in flight
 as the block ends, a joined block left open in a generator, a same-step commit nested
-without join in ckpts.commit and in distributed_commit, a late join after an abort, a
+without join in ckpts.commit and in distributed_commit, two threads' rank0_commit of
+one step, a late join after an abort, a
 publish interrupted while it waits, a delete's unlinks not durable before its rename
 aside): each is a mutant (atomic_ckpt.testing.later_defects), all but the last of which
 survived the alphabet as it was, and the actions of atomic_ckpt.testing.races (and the
@@ -82,12 +83,14 @@ def test_a_refusal_must_name_the_cause_the_model_says(caplog: pytest.LogCaptureF
         ("open_join_in_own_thread_ignored", "returned, the model says CommitStateError"),
         ("late_join_commits_alone", "left step:3"),
         ("interrupted_publish_left_open", "beside the checkpoints"),
+        ("rank0_one_block_per_step", "raised KeyError"),
     ],
 )
 def test_a_join_defect_is_caught_live(mutant: str, shows: str) -> None:
     """A publish ignoring its own thread's open joined block returns where the model says
     CommitStateError; a late join committing alone leaves a step 3 the model has not; an
-    interrupted publish left open leaves its staging dir and lock."""
+    interrupted publish left open leaves its staging dir and lock; rank0_commit blocks
+    recorded one per step make the second thread's save fail with KeyError."""
     found = _check(mutant)
     assert shows in found, found
 
