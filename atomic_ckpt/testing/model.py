@@ -57,12 +57,14 @@ class Saved:
 
 
 class Refused(Exception):
-    """A transition the library must refuse with ``expected`` (model unchanged)."""
+    """A transition the library must refuse with ``expected`` (model unchanged); ``says``,
+    where given, a phrase its message must contain (the cause or the remedy it names)."""
 
-    def __init__(self, expected: type[BaseException], why: str) -> None:
+    def __init__(self, expected: type[BaseException], why: str, *, says: str | None = None) -> None:
         super().__init__(f"{expected.__name__}: {why}")
         self.expected = expected
         self.why = why
+        self.says = says
 
 
 @dataclass
