@@ -27,8 +27,10 @@ from atomic_ckpt.testing.audit._guards import check_root, check_workdir
 from atomic_ckpt.testing.audit._materialize import (
     hard_linked,
     private_dir,
+    refuse_long_paths,
     refuse_special,
     set_aside,
+    walk_tree,
 )
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
@@ -112,6 +114,7 @@ def audit(
                 if not original.is_dir() or original.is_symlink():
                     raise AuditError(f"{path} is not a directory")
                 refuse_special(original, os.fspath(root))  # attack of main 1: a FIFO
+                refuse_long_paths(original, path)  # round 15: copied by path
                 linked = hard_linked(original)  # issue 29.6/29.12: a copy would split them
                 if linked:
                     raise CannotRebuild(
@@ -240,25 +243,24 @@ def _judging(path: Path) -> Iterator[None]:
 
 
 def _scan(root: Path) -> dict[str, tuple[str, Data]]:
+    """The tree at ``root`` as the workload left it, read by descriptors (no path longer
+    than PATH_MAX, no symlink followed: :func:`walk_tree`)."""
     out: dict[str, tuple[str, Data]] = {}
-
-    def walk(directory: Path, rel: str) -> None:
-        for name in sorted(os.listdir(directory)):
-            full = directory / name
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel + name] = ("symlink", os.fsencode(os.readlink(full)))
-            elif stat.S_ISDIR(st.st_mode):
-                out[rel + name] = ("dir", b"")
-                walk(full, f"{rel}{name}/")
-            elif stat.S_ISREG(st.st_mode):
-                out[rel + name] = ("file", load(full))
-            else:
-                out[rel + name] = ("other", b"")
-
-    if root.is_dir() and not root.is_symlink():
-        walk(root, "")
+    if not root.is_dir() or root.is_symlink():
+        return out
+    for rel, st, at, name in walk_tree(root):
+        if stat.S_ISLNK(st.st_mode):
+            out[rel] = ("symlink", os.fsencode(os.readlink(name, dir_fd=at)))
+        elif stat.S_ISDIR(st.st_mode):
+            out[rel] = ("dir", b"")
+        elif stat.S_ISREG(st.st_mode):
+            out[rel] = ("file", load(os.open(name, _FILE, dir_fd=at)))
+        else:
+            out[rel] = ("other", b"")
     return out
+
+
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _compare(final: _Flat, root: Path, unseen: Mapping[str, str]) -> list[tuple[str, str]]:

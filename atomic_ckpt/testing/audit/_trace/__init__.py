@@ -61,7 +61,10 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
                 self._source_changed(call)
             self.calls += 1
             self.line, self.start = call.line, call.start
+            self.unplaced = None
             getattr(self, "_sys_" + call.name)(call)
+            if self.unplaced is not None and call.name in _CHANGES:
+                self._refuse(call, _UNPLACED.format(self.unplaced), self._touched(call))
         self._flush()
 
     def _source_changed(self, call: Call) -> None:
@@ -121,6 +124,10 @@ _CHANGES = frozenset(
 )
 """The modelled calls that change a file or a name (a sync that never returned is taken
 as not made: the pessimistic side)."""
+_UNPLACED = (
+    "a path relative to {} (strace prints no path longer than PATH_MAX), so where it "
+    "changed what cannot be told; keep the tree's paths under PATH_MAX (4096 bytes)"
+)
 _NEVER_RETURNED = (
     "it never returned (its process was ended inside it, by a signal or another thread's "
     "execve), so whether and how much of it took effect cannot be told; let the process "
