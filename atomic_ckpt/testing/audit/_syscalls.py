@@ -67,13 +67,17 @@ TABLE: dict[str, tuple[str, str]] = {
     "sendfile": (
         MODELLED,
         "a copy; the source's bytes (inside the tree, or read from outside after the run: "
-        "refused if the run changes that file after the copy)",
+        "refused if the run changes that file after the copy, or maps it shared and writable)",
     ),
     "copy_file_range": (MODELLED, "as sendfile (an explicit target offset: as pwrite64)"),
     "splice": (REFUSED, "bytes from a pipe, which the trace does not dump"),
     "tee": (IGNORED, "reads a pipe into a pipe, never a file"),
     "vmsplice": (IGNORED, "memory into a pipe or a pipe read into memory, never a file"),
-    "mmap": (MODELLED, "private or read-only: nothing; shared through a writable fd: refused"),
+    "mmap": (
+        MODELLED,
+        "private or read-only: nothing; shared through a writable fd: refused (a file "
+        "outside the tree: only if the tree is copied into from it)",
+    ),
     "mremap": (REFUSED, "a moved mapping of a file in the tree"),
     "munmap": (IGNORED, "ends a mapping (one through a writable descriptor was refused)"),
     "msync": (IGNORED, "as munmap: a mapping through a writable descriptor was refused"),

@@ -201,6 +201,12 @@ class _Data(_Replay):
         """A copy from a file outside the tree (shutil.copy's sendfile): its bytes are read
         from that file now, right after the run; the final-tree check catches a change."""
         assert source.outside is not None
+        mapped = self.mapped_outside.get(source.outside)
+        if mapped is not None:
+            self._refuse(
+                call, _MAPPED.format(source.outside, f"at trace line {mapped}"), target.path
+            )
+            return
         given = re.match(r"\[(\d+)\]", offset)
         start = int(given[1]) if given is not None else source.pos
         if given is None and source.pos >= 0:
@@ -275,6 +281,8 @@ class _Data(_Replay):
         if not flags & _MAP_SHARED or fd < 0:
             return  # private or anonymous: stores never reach a file
         opened = self._file(call, 4)
+        if opened is not None and opened.outside is not None and opened.writable:
+            self._mapped_outside(call, opened.outside)
         if opened is None or opened.inode is None or not opened.writable:
             return
         if self.inodes[opened.inode].kind != "file":
@@ -288,3 +296,22 @@ class _Data(_Replay):
         )
 
     _sys_mmap2 = _sys_mmap
+
+    def _mapped_outside(self, call: Call, path: str) -> None:
+        """A file outside the tree mapped shared and writable: a copy from it into the tree
+        (its bytes read after the run) is refused, before or after the mapping (round 15:
+        stores through it change those bytes with no system call to see)."""
+        self.mapped_outside.setdefault(path, call.line)
+        copied = self.copied_from.get(path)
+        if copied is not None:
+            self._refuse(
+                call, _MAPPED.format(path, f"after a copy from it (trace line {copied})"), path
+            )
+
+
+_MAPPED = (
+    "{} is mapped shared through a descriptor open for writing ({}), and copied into the "
+    "tree: its bytes are read after the run, and stores through the mapping (no system "
+    "call) may have changed them since the copy; copy from a file that is not mapped "
+    "writable (or write the bytes with write())"
+)

@@ -96,6 +96,9 @@ class _Replay(_Mirror):
         self.copied_from: dict[str, int] = {}
         """Files outside the tree copied in (sendfile, copy_file_range), their bytes read
         after the run: the trace line of the last copy from each."""
+        self.mapped_outside: dict[str, int] = {}
+        """Files outside the tree mapped shared through a descriptor open for writing: the
+        trace line of the mapping (a copy from one is refused: round 15)."""
         self.refusals: list[tuple[str, str]] = []
         """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
         self.line = self.start = 0
