@@ -12,7 +12,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from atomic_ckpt.testing.audit._materialize import (
 )
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
+from atomic_ckpt.testing.audit._times import before_the_run, mtimes, state_times
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 POWER_SAMPLING = (
@@ -49,6 +50,10 @@ _CONTEXT = 4
 class _State:
     flat: _Flat
     by_model: dict[str, _Candidate] = field(default_factory=dict)
+    persisted: Collection[int] = ()
+    """The operations the state was built from (the first candidate's)."""
+    times: dict[str, int] = field(default_factory=dict)
+    """Each path's mtime (ns) when shown (:mod:`._times`)."""
 
 
 def audit(
@@ -124,6 +129,7 @@ def audit(
             began = time.monotonic()
             with _judging(path):
                 recorder = TraceRecorder(path)  # the tree the workload starts from
+                started, clock = mtimes(path), time.time_ns()
             if workdir is not None:
                 recorder._start_cwd = workdir
             log = scratch / "workload.log"
@@ -136,6 +142,9 @@ def audit(
             began = time.monotonic()
             with _judging(path):
                 model, states, distinct = _replay(recorder, path, scratch / "trace", models, seed)
+                initial = before_the_run(model, started)
+                for s in states:  # round 15: mtimes in the workload's order
+                    s.times = state_times(model, s.persisted, initial, clock)
             (scratch / "trace").unlink()
             if "power" in models:  # issue 29.1: say how the power fates were sampled
                 notes.append(POWER_SAMPLING.format(seed=seed))
@@ -167,6 +176,7 @@ def audit(
                 cwd=workdir,
                 env=env,
                 show=show,
+                times=[s.times for s in states],
             )
             timings["checks"] = time.monotonic() - began
         finally:
@@ -310,7 +320,7 @@ def _plan(
         i = index.get(key)
         if i is None:
             i = index[key] = len(states)
-            states.append(_State(flat))
+            states.append(_State(flat, persisted=c.persisted))
         states[i].by_model.setdefault(c.model, c)
         per_model[c.model].add(i)
     return states, {m: len(s) for m, s in per_model.items()}

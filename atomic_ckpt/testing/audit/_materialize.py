@@ -13,7 +13,7 @@ import shutil
 import signal
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -154,8 +154,9 @@ class Materializer:
         self.written = 0
         """Bytes written so far (the cost of materialising)."""
 
-    def show(self, flat: _Flat) -> None:
-        """Make ``target`` hold exactly ``flat`` (paths relative to it, parents first)."""
+    def show(self, flat: _Flat, times: Mapping[str, int] | None = None) -> None:
+        """Make ``target`` hold exactly ``flat`` (paths relative to it, parents first),
+        each entry's mtime as ``times`` says (ns; one it does not name as written)."""
         want = {path: (kind, payload) for path, kind, payload in flat}
         detach_mounts(self.target)  # one a check left: never emptied through
         dirs = {"": _open_root(self.target)}
@@ -184,6 +185,18 @@ class Materializer:
         finally:
             for fd in dirs.values():
                 os.close(fd)
+        if times:
+            self._stamp(times)
+
+    def _stamp(self, times: Mapping[str, int]) -> None:
+        """Set each entry's times (an entry's own: its directory's mtime is unchanged)."""
+        for rel, _, at, name in walk_tree(self.target):
+            ns = times.get(rel)
+            shown = self._shown.get(rel)
+            if ns is None or shown is None:
+                continue
+            os.utime(name, ns=(ns, ns), dir_fd=at, follow_symlinks=False)
+            self._shown[rel] = (shown[0], shown[1], _key(os.lstat(name, dir_fd=at)))
 
     def _open_dir(self, dirs: dict[str, int], rel: str) -> int:
         parent, _, name = rel.rpartition("/")

@@ -144,7 +144,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "io_submit": (REFUSED, "Linux AIO writes and fsyncs (libaio) are invisible to the trace"),
     "acct": (REFUSED, "process accounting appends a record to the file at each process exit"),
     "swapon": (REFUSED, "the kernel writes swapped-out memory into the file"),
-    # attributes: the crash states hold names and contents, not modes, owners or times
+    # attributes: the crash states hold names, contents and mtimes (by the ops), not modes or owners
     "chmod": (IGNORED, "permissions are not part of the crash states"),
     "fchmod": (IGNORED, "as chmod"),
     "fchmodat": (IGNORED, "as chmod"),
@@ -152,7 +152,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "fchown": (IGNORED, "as chown"),
     "fchownat": (IGNORED, "as chown"),
     "lchown": (IGNORED, "as chown"),
-    "utimensat": (IGNORED, "times are not part of the crash states"),
+    "utimensat": (
+        IGNORED,
+        "a time set by the workload is not modelled: a state shows each entry's mtime as "
+        "its last change's",
+    ),
     "setxattr": (REFUSED, "extended attributes are not part of the crash states"),
     "lsetxattr": (REFUSED, "as setxattr"),
     "fsetxattr": (REFUSED, "as setxattr"),
