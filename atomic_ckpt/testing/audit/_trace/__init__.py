@@ -20,6 +20,7 @@ from atomic_ckpt.testing.audit._syscalls import IGNORED, MODELLED, TABLE, WORKLO
 from atomic_ckpt.testing.audit._trace._data import _Data
 from atomic_ckpt.testing.audit._trace._descriptors import _Descriptors
 from atomic_ckpt.testing.audit._trace._durability import _Durability
+from atomic_ckpt.testing.audit._trace._model import canonical
 from atomic_ckpt.testing.audit._trace._names import _Names
 from atomic_ckpt.testing.audit._trace._processes import _Processes
 
@@ -71,7 +72,13 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
         """A change to a file outside the tree that an earlier copy read from: that copy's
         bytes, read after the run, are not the ones it copied (round 13, defect 3)."""
         for path in _changed_paths(self, call):
-            line = self.copied_from.pop(os.path.normpath(path), None)
+            line = self.copied_from.pop(canonical(path), None)
+            if line is None:  # another name of it (a hard link): the same inode now
+                try:
+                    st = os.stat(path)
+                except (OSError, ValueError):
+                    continue
+                line = self.copied_from.pop(self.copied_ids.get((st.st_dev, st.st_ino), ""), None)
             if line is not None:
                 self._refuse(
                     call,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 
 from atomic_ckpt.testing._sparse import read
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg
-from atomic_ckpt.testing.audit._trace._model import _Open, _Replay
+from atomic_ckpt.testing.audit._trace._model import _Open, _Replay, canonical
 
 _FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x1, 0x2, 0x10
 _MAP_SHARED = 0x1  # MAP_SHARED_VALIDATE (0x3) included
@@ -201,7 +203,7 @@ class _Data(_Replay):
         """A copy from a file outside the tree (shutil.copy's sendfile): its bytes are read
         from that file now, right after the run; the final-tree check catches a change."""
         assert source.outside is not None
-        mapped = self.mapped_outside.get(source.outside)
+        mapped = self.mapped_outside.get(canonical(source.outside))
         if mapped is not None:
             self._refuse(
                 call, _MAPPED.format(source.outside, f"at trace line {mapped}"), target.path
@@ -221,7 +223,11 @@ class _Data(_Replay):
         if start < 0 or len(call.data) != call.ret:
             self._refuse(call, f"the source {source.outside} changed after the copy", target.path)
             return
-        self.copied_from[source.outside] = call.line
+        key = canonical(source.outside)
+        self.copied_from[key] = call.line
+        with contextlib.suppress(OSError):
+            st = os.stat(source.outside)
+            self.copied_ids[(st.st_dev, st.st_ino)] = key
         self._written(call, target, at)
 
     def _sys_sendfile(self, call: Call) -> None:
@@ -301,6 +307,7 @@ class _Data(_Replay):
         """A file outside the tree mapped shared and writable: a copy from it into the tree
         (its bytes read after the run) is refused, before or after the mapping (round 15:
         stores through it change those bytes with no system call to see)."""
+        path = canonical(path)
         self.mapped_outside.setdefault(path, call.line)
         copied = self.copied_from.get(path)
         if copied is not None:

@@ -21,6 +21,13 @@ that name is ever in a tree): a change made through one is refused."""
 _PROC_ALIAS = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/(cwd|root|fd/\d+)(/|$)")
 
 
+def canonical(path: str) -> str:
+    """``path`` with its directory resolved through symlinks (as it is after the run): one
+    spelling for a file outside the tree, whichever way the workload reached it."""
+    head, tail = os.path.split(os.path.normpath(path))
+    return os.path.join(os.path.realpath(head), tail)
+
+
 @dataclass
 class _Open:
     """An open file description: what it points at and where it writes next."""
@@ -96,6 +103,8 @@ class _Replay(_Mirror):
         self.copied_from: dict[str, int] = {}
         """Files outside the tree copied in (sendfile, copy_file_range), their bytes read
         after the run: the trace line of the last copy from each."""
+        self.copied_ids: dict[tuple[int, int], str] = {}
+        """The (device, inode) of each file in :attr:`copied_from`, after the run."""
         self.mapped_outside: dict[str, int] = {}
         """Files outside the tree mapped shared through a descriptor open for writing: the
         trace line of the mapping (a copy from one is refused: round 15)."""
