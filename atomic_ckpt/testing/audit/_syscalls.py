@@ -100,7 +100,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "rmdir": (MODELLED, "the entry removed"),
     "unlink": (MODELLED, "the entry removed"),
     "unlinkat": (MODELLED, "as unlink (AT_REMOVEDIR: rmdir)"),
-    "rename": (MODELLED, "entries moved (two operations across directories)"),
+    "rename": (
+        MODELLED,
+        "entries moved (two operations across directories; between two names of one file: "
+        "nothing, as rename(2) does)",
+    ),
     "renameat": (MODELLED, "as rename"),
     "renameat2": (MODELLED, "as rename; RENAME_EXCHANGE swaps; RENAME_WHITEOUT refused"),
     "link": (MODELLED, "a second name for the inode; from outside the tree refused"),

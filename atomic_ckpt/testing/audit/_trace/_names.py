@@ -99,6 +99,8 @@ class _Names(_Replay):
             return
         (sp, sn, _, srel), (dp, dn, other, drel) = src, dst
         moved = src[2]
+        if other == moved:  # two names of one file (or one name): rename(2) does nothing
+            return
         desc = f"{verb} {srel} {'<->' if flags & _RENAME_EXCHANGE else '->'} {drel}"
         self._inode_names[moved] = drel
         if flags & _RENAME_EXCHANGE:

@@ -1,0 +1,32 @@
+"""rename(2) between two hard links of one file does nothing: both names stay (round 15;
+the replay dropped the old name, so the states between the rename and a later unlink of
+that name lacked it, and the unlink was then silently ignored)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from atomic_ckpt.testing.audit._strace import Call
+from atomic_ckpt.testing.audit._trace import TraceRecorder
+
+
+def test_a_rename_between_two_links_of_one_file_keeps_both(tmp_path: Path) -> None:
+    """link w.bin backup.bin; rename backup.bin w.bin: both names are still there, and
+    the later unlink of backup.bin is an operation of its own."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (root / "w.bin").write_bytes(b"w")
+    rec = TraceRecorder(root)
+    rec.feed(
+        [
+            Call(1, "link", [f'"{root}/w.bin"', f'"{root}/backup.bin"'], 0, line=1),
+            Call(1, "rename", [f'"{root}/backup.bin"', f'"{root}/w.bin"'], 0, line=2),
+            Call(1, "unlink", [f'"{root}/backup.bin"'], 0, line=3),
+        ]
+    )
+    assert rec.refusals == []
+    said = [op.description for op in rec.ops]
+    assert len(said) == 2, said
+    assert said[1] == "unlink backup.bin", said
+    assert sorted(os.listdir(root)) == ["w.bin"]  # the replay never touches the disk
