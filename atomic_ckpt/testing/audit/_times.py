@@ -1,7 +1,9 @@
-"""Modification times for crash states (round 15): each entry's mtime follows the last
-operation of the state that changed it, in the workload's order, so a check that picks
-the newest checkpoint by mtime sees the order the workload made them in, not the order
-the audit wrote each state's files in."""
+"""Modification times for crash states: each entry's mtime follows the last operation of
+the state that changed it, in the workload's order.
+
+So a check that picks the newest checkpoint by mtime sees the order the workload made
+them in, not the order the audit wrote each state's files in (round 15).
+"""
 
 from __future__ import annotations
 
