@@ -97,8 +97,8 @@ TABLE: dict[str, tuple[str, str]] = {
     "mkdirat": (MODELLED, "as mkdir"),
     "mknod": (REFUSED, "a device, FIFO or socket node: the crash states hold files only"),
     "mknodat": (REFUSED, "as mknod (mkfifo is mknodat)"),
-    "rmdir": (MODELLED, "the entry removed"),
-    "unlink": (MODELLED, "the entry removed"),
+    "rmdir": (MODELLED, "as unlink"),
+    "unlink": (MODELLED, "the entry removed (one the replay never saw made: refused)"),
     "unlinkat": (MODELLED, "as unlink (AT_REMOVEDIR: rmdir)"),
     "rename": (
         MODELLED,

@@ -1,6 +1,7 @@
-"""rename(2) between two hard links of one file does nothing: both names stay (round 15;
-the replay dropped the old name, so the states between the rename and a later unlink of
-that name lacked it, and the unlink was then silently ignored)."""
+"""rename(2) between two hard links of one file does nothing: both names stay; and a
+successful removal of a name the replay lacks is refused (round 15: the replay dropped the
+old name, so the states between the rename and a later unlink of that name lacked it, and
+that unlink was then silently ignored)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,14 @@ def test_a_rename_between_two_links_of_one_file_keeps_both(tmp_path: Path) -> No
     assert len(said) == 2, said
     assert said[1] == "unlink backup.bin", said
     assert sorted(os.listdir(root)) == ["w.bin"]  # the replay never touches the disk
+
+
+def test_removing_a_name_the_replay_never_saw_made_is_refused(tmp_path: Path) -> None:
+    """A successful unlink of a name the replay's tree lacks means the replay went astray
+    (that name was there): refused, never silently ignored."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    rec = TraceRecorder(root)
+    rec.feed([Call(1, "unlink", [f'"{root}/ghost.bin"'], 0, line=1)])
+    assert [p for p, _ in rec.refusals] == ["ghost.bin"]
+    assert "never saw it made" in rec.refusals[0][1]

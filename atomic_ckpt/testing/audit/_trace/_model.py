@@ -224,7 +224,7 @@ class _Replay(_Mirror):
             if fd == AT_FDCWD and decoration is not None:
                 self._cwd(tid)[0] = decoration
             base = decoration
-            if base is None and fd != AT_FDCWD:
+            if base is None and fd >= 0:
                 base = self._bare(tid, fd)
         if base is None:
             base = self._cwd(tid)[0]
