@@ -103,6 +103,8 @@ class _Replay(_Mirror):
         self.copied_from: dict[str, int] = {}
         """Files outside the tree copied in (sendfile, copy_file_range), their bytes read
         after the run: the trace line of the last copy from each."""
+        self.outside_names: dict[str, set[str]] = {}
+        """Names outside the tree that a hard link made the same file's: each name's set."""
         self.copied_ids: dict[tuple[int, int], str] = {}
         """The (device, inode) of each file in :attr:`copied_from`, after the run."""
         self.mapped_outside: dict[str, int] = {}
