@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,10 +178,19 @@ class CuttingProxy:
     the client's connection is reset once the server has answered. After a cut, new
     connections are refused for ``refuse_for`` seconds (the listening socket closed)."""
 
-    def __init__(self, upstream: str, cut: int = 1, refuse_for: float = 0.0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        cut: int = 1,
+        refuse_for: float = 0.0,
+        on_cut: Callable[[], None] | None = None,
+    ) -> None:
         parts = urllib.parse.urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.cut, self.refuse_for = cut, refuse_for
+        self.on_cut = on_cut
+        """Called when a cut answer has arrived, before the client's connection is reset
+        (e.g. to SIGKILL the client: it dies between its write and the answer)."""
         self.cuts = 0
         self.writes = 0  # manifest writes that reached the server
         self.answers: list[bytes] = []  # the status lines of the answers cut off
@@ -248,6 +258,8 @@ class CuttingProxy:
                 state["answered"] = True
                 if state["armed"]:
                     self.answers.append(data.split(b"\r\n", 1)[0])
+                    if self.on_cut is not None:
+                        self.on_cut()
                     if self.refuse_for:  # and every open connection is closed
                         self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
                         self.listener.close()

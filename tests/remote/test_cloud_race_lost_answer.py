@@ -11,26 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from _emulators import AZURITE_ACCOUNT, AZURITE_KEY, Emulator, env_without_cloud, fast_root
+from _emulators import Emulator, env_without_cloud, fast_root, options_through
 from _remote_support import CuttingProxy, read_tree, write_tree
 
 CHILD = Path(__file__).resolve().parent / "_cloud_child.py"
-
-
-def _through(emulator: Emulator, endpoint: str) -> dict[str, Any]:
-    """storage_options reaching ``emulator`` through the proxy at ``endpoint``."""
-    if emulator.scheme == "gs":
-        return {"endpoint_url": endpoint, "retry_deadline": 30}
-    return {
-        "connection_string": (
-            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
-            f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
-        ),
-        "retry_deadline": 30,
-    }
 
 
 @pytest.mark.parametrize("refuse_for", [0.0, 1.2], ids=["answer-lost", "then-refused"])
@@ -48,7 +34,7 @@ def test_racing_writers_one_of_whose_manifest_answers_is_lost_get_one_winner(
             write_tree(path, 9)
     proxy = CuttingProxy(emulator.endpoint, cut=1, refuse_for=refuse_for)
     try:
-        options = json.dumps(_through(emulator, proxy.endpoint))
+        options = json.dumps(options_through(emulator, proxy.endpoint))
         go = tmp_path / "go"
         procs = {}
         for seed in (1, 2, 3):
