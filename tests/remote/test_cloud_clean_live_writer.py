@@ -2,8 +2,9 @@
 process is alive, paused after its listing check right before its manifest write, and two
 others were SIGKILLed (after their listing check, and part-way through their uploads):
 no partial step is visible, the old checkpoint stays, ``clean`` with the default grace
-removes nothing, ``clean --grace`` shorter than the killed attempts' age removes exactly
-those and never the live one, which then commits whole."""
+removes nothing, ``clean --dry-run`` only names what it would remove, and ``clean --grace``
+shorter than the killed attempts' age removes exactly those and never the live one, which
+then commits whole."""
 
 from __future__ import annotations
 
@@ -97,6 +98,9 @@ def test_clean_collects_killed_attempts_and_never_the_live_one(
         before = set(rdir._store.find(""))
         assert rdir.clean() == []  # the default grace: one hour
         assert _cli(capsys, "clean", cloud_url, *opts) == (0, ["nothing to clean"])
+        assert set(rdir._store.find("")) == before
+        dry = _cli(capsys, "clean", cloud_url, "--dry-run", "--grace", str(GRACE), *opts)
+        assert dry == (0, sorted(f"would remove {rdir.url_of(2)}/{a}/" for a in dead)), dry
         assert set(rdir._store.find("")) == before
         status, lines = _cli(capsys, "clean", cloud_url, "--grace", str(GRACE), *opts)
         assert status == 0
