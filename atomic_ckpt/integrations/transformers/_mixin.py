@@ -307,8 +307,18 @@ class AtomicCheckpointMixin(_Base):
         **kwargs: Any,
     ) -> Any:
         """``Trainer.push_to_hub``, leaving :data:`HUB_IGNORE_PATTERNS` out of the upload."""
+        # By keyword, and ``private`` only when given: transformers 4.x has no ``private``
+        # parameter (its **kwargs go to create_model_card, which refuses it).
+        if private is not None:
+            kwargs["private"] = private
         with _hub_uploads():
-            return super().push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
+            return super().push_to_hub(
+                commit_message=commit_message,
+                blocking=blocking,
+                token=token,
+                revision=revision,
+                **kwargs,
+            )
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """``Trainer._load_from_checkpoint``; then the mappings of what it read are released."""
