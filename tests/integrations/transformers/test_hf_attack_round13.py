@@ -115,7 +115,8 @@ def test_the_best_checkpoint_is_kept_on_a_filesystem_without_symlinks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``load_best_model_at_end`` with ``save_total_limit=1`` where symlinks are refused: the
-    best checkpoint is kept (as Trainer counts it) without the ``checkpoint_best`` link."""
+    best checkpoint is kept (as Trainer counts it), and ``checkpoint_best`` is the core's
+    pointer file naming it."""
     out = tmp_path / "out"
     kw = {
         "save_steps": 2,
@@ -132,6 +133,7 @@ def test_the_best_checkpoint_is_kept_on_a_filesystem_without_symlinks(
     best = Path(trainer.state.best_model_checkpoint or "")
     assert best.name in os.listdir(out)
     assert (best / "checkpoint_complete").exists()
+    assert (out / "checkpoint_best").read_text() == f"{best.name}\n"
 
 
 STOCK_RESUMES_ON_CPU_RANKS = Version(transformers.__version__) >= Version("5.18")

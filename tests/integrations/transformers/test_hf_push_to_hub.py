@@ -31,7 +31,6 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir  # noqa: E402
 from atomic_ckpt.integrations.transformers import AtomicTrainer  # noqa: E402
 
-
 torch.set_num_threads(1)
 
 
