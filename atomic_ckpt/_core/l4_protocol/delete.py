@@ -22,6 +22,7 @@ from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     ManifestError,
     StepConflictError,
+    SymlinksUnsupportedError,
 )
 from atomic_ckpt._core.l1_names.names import (
     BEST_LINK,
@@ -148,12 +149,38 @@ def check_aliases_free(root: Root, aliases: list[str]) -> None:
 
 def point_aliases(root: Root, aliases: list[str], target: str) -> None:
     """Point each alias (a symlink in the root) at the sibling ``target``, atomically
-    (under the root lock; the caller fsyncs the root)."""
+    (under the root lock; the caller fsyncs the root, which it has done for ``target``
+    itself first: a refusal here says that checkpoint is committed)."""
     check_aliases_free(root, aliases)
     for alias in aliases:
-        _fs.symlink_replace(
-            target, root.path / alias, root.path / root.tmp_name(alias, new_token())
-        )
+        try:
+            _fs.symlink_replace(
+                target, root.path / alias, root.path / root.tmp_name(alias, new_token())
+            )
+        except OSError as exc:
+            if not symlinks_refused(exc, root.path):
+                raise
+            raise no_symlinks_error(
+                exc, root, f"checkpoint {root.path / target} is committed, but its alias"
+            ) from exc
+
+
+def symlinks_refused(exc: OSError, directory: Path) -> bool:
+    """Whether ``exc``, from ``symlink()`` in ``directory``, says its filesystem makes no
+    symlinks, rather than that the directory cannot be written at all."""
+    return exc.errno in _SYMLINK_REFUSALS and os.access(directory, os.W_OK)
+
+
+def no_symlinks_error(exc: OSError, root: Root, what: str) -> SymlinksUnsupportedError:
+    """The error for an alias ``symlink()`` refused with ``exc``; ``what`` begins it."""
+    return SymlinksUnsupportedError(
+        f"{what} cannot be made: {root.path} is on a filesystem that makes no symlinks "
+        f"({os.strerror(exc.errno or errno.EOPNOTSUPP)}: vfat, exFAT and some SMB mounts "
+        "refuse them), and an alias is a symlink. Commit there without aliases= (the "
+        "best pointer needs no symlink), or put the root on a filesystem with symlinks",
+        path=root.path,
+        code=exc.errno or errno.EOPNOTSUPP,
+    )
 
 
 def aliases_of(root: Root, names: set[str]) -> list[Path]:
@@ -283,7 +310,7 @@ def set_best_locked(root: Root, ckpt: Checkpoint) -> None:
     try:
         _fs.symlink_replace(ckpt.path.name, root.path / BEST_LINK, tmp)
     except OSError as exc:
-        if exc.errno not in _SYMLINK_REFUSALS or not os.access(root.path, os.W_OK):
+        if not symlinks_refused(exc, root.path):
             raise
         if root.path not in _warned_no_symlinks:
             _warned_no_symlinks.add(root.path)
