@@ -169,3 +169,35 @@ def test_a_refusal_on_a_root_that_cannot_be_written_is_not_taken_for_missing_sym
     with pytest.raises(PermissionError):
         ckpts.set_best(1)
     assert not os.path.lexists(ckpts.root / BEST_LINK)
+
+
+@pytest.mark.parametrize("prefix", ["", "checkpoint-"])
+def test_clean_removes_the_pointer_file_a_killed_set_best_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> None:
+    """A ``set_best`` killed between writing the pointer file under its ``.tmp-`` name and
+    the rename leaves that file (a regular file, where the link form leaves a link):
+    ``clean()`` removes it, and the old pointer still names the old best."""
+    ckpts = CheckpointDir(tmp_path / "ckpts", prefix=prefix)
+    for step in (1, 2):
+        with ckpts.commit(step) as d:
+            (d / "w").write_text(str(step))
+    refuse_symlinks(monkeypatch, errno.EPERM)
+    ckpts.set_best(1)
+
+    def killed(src: Any, dst: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt("killed before the rename")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", killed)
+        m.setattr(os, "unlink", lambda *a, **k: None)  # a kill removes nothing
+        with pytest.raises(KeyboardInterrupt):
+            ckpts.set_best(2)
+    left = [n for n in os.listdir(ckpts.root) if TMP_INFIX in n and BEST_LINK in n]
+    assert len(left) == 1  # the fault was hit: the temporary is there
+    assert (ckpts.root / left[0]).is_file()
+    assert [p.name for p in ckpts.clean()] == left
+    assert [n for n in os.listdir(ckpts.root) if BEST_LINK in n] == [BEST_LINK]
+    best = ckpts.best()
+    assert best is not None
+    assert best.step == 1

@@ -241,7 +241,7 @@ _SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errn
 """What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
 mounts): EPERM, EOPNOTSUPP (also ENOTSUP), ENOSYS, EINVAL."""
 
-_POINTER_MAX = 1024
+POINTER_MAX = 1024
 """Bytes read of a pointer file at most: a directory name (255 bytes) and a newline."""
 
 
@@ -257,12 +257,12 @@ def _read_pointer_file(path: Path) -> str | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        data = os.read(fd, _POINTER_MAX + 1)
+        data = os.read(fd, POINTER_MAX + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
-    if len(data) > _POINTER_MAX:
+    if len(data) > POINTER_MAX:
         return None
     try:
         return data.decode("utf-8").removesuffix("\n")
