@@ -195,7 +195,9 @@ def observe(root: Path, *, prefix: str = "") -> Observation:
     if best is not None:
         out["best"] = best.step
     elif os.path.lexists(root / BEST_LINK):
-        raise AssertionError(f"{BEST_LINK} -> {os.readlink(root / BEST_LINK)} dangles")
+        pointer = root / BEST_LINK  # a symlink, or a file where symlinks are refused
+        named = os.readlink(pointer) if pointer.is_symlink() else "(a file naming it)"
+        raise AssertionError(f"{BEST_LINK} -> {named} dangles")
     for name in sorted(os.listdir(root)):
         path = root / name
         if name == BEST_LINK or not path.is_symlink() or ".tmp-" in name:
