@@ -2,14 +2,17 @@
 side in one process.
 
 Run ``python benchmarks/incremental.py`` (about 320 MB per full checkpoint of the draft-like
-case; ``--scale 0.1 --repeats 2`` for a smoke run). Two cases:
+case; ``--scale 0.1 --repeats 2`` for a smoke run). Three cases:
 
 * ``draft``: shaped like the seed project's draft model: frozen embeddings and LM head
   (about 77% of the model's bytes), one trainable decoder layer, AdamW;
-* ``adapter``: 90% of the parameters frozen, a small trainable part, plain SGD (no state).
+* ``adapter``: 90% of the parameters frozen, a small trainable part, plain SGD (no state);
+* ``identical``: a writer that is not ours (safetensors shards and a config) saving the
+  same state again: methods ``full``, ``dedup`` (``commit(step, dedup=True)``) and
+  ``nohash`` (``checksum=None``), see :func:`dedup_case`.
 
-Three methods per case, each committing checkpoints 1..N on top of a first one, with an
-optimizer step between saves:
+Three methods for ``draft`` and ``adapter``, each committing checkpoints 1..N on top of a
+first one, with an optimizer step between saves:
 
 * ``full``: ``atomic_ckpt.torch.save_state`` (every byte written every time);
 * ``carry``: ``save_state(..., carry_frozen=True)``: the trainable tensors, the optimizer
@@ -20,8 +23,11 @@ optimizer step between saves:
 
 Rows ``{"case", "method", "median_s", "bytes_written", "disk_bytes"}``: the median time of
 one save (fsyncs included), the bytes one save writes (``wchar`` of ``/proc/self/io``),
-and the disk used by 5 retained checkpoints (unique inodes' allocated blocks). Results:
-``benchmarks/results/incremental.{json,md}``.
+and the disk used by 5 retained checkpoints (unique inodes' allocated blocks); also
+``frozen_file`` (how the frozen file, or a deduplicated file, got there), for ``draft``
+and ``adapter`` ``after_full_s`` / ``after_other_s`` (the medians of the saves that
+followed ``full`` and the others), for ``identical`` ``disk_per_extra``, ``publish_s`` and
+(``dedup``) ``hash_cost``. Results: ``benchmarks/results/incremental.{json,md}``.
 """
 
 from __future__ import annotations
@@ -329,6 +335,18 @@ def _md(rows: list[dict[str, Any]], info: dict[str, Any], fs: str) -> str:
             f"{carry['bytes_written'] / full['bytes_written']:.3f} | "
             f"{carry['disk_bytes'] / floor:.3f} |"
         )
+    if ("identical", "dedup") in by:
+        dedup = by[("identical", "dedup")]
+        lines += [
+            "",
+            "| case | dedup: disk per extra checkpoint | dedup: hash_cost |",
+            "|---|---:|---:|",
+            f"| identical | {dedup['disk_per_extra'] * 100:.3f}% "
+            f"| {dedup['hash_cost'] * 100:.0f}% |",
+            "",
+            "Dedup targets (issue 32): disk per extra identical checkpoint <= 1%, hash_cost",
+            "(its publish minus nohash's, over nohash's whole save) <= 5%.",
+        ]
     lines += [
         "",
         "Targets (issue 32): carry/ideal bytes <= 1.05 and time <= 1.2; disk for 5 retained",
@@ -362,11 +380,19 @@ def _md(rows: list[dict[str, Any]], info: dict[str, Any], fs: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="model size factor (default 1.0: ~320 MB)"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="saves per method (default 5)")
     parser.add_argument("--work", default=None, help="directory for the roots (default: tmp)")
-    parser.add_argument("--out", default=str(RESULTS / "incremental"))
+    parser.add_argument(
+        "--out",
+        default=str(RESULTS / "incremental"),
+        help="results path without suffix (.json and .md are written)",
+    )
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     load_before = loadavg()[0]

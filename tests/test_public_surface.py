@@ -42,6 +42,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "RootNotWritableError",
         "StagingLostError",
         "StepConflictError",
+        "SymlinksUnsupportedError",
         "SyncPolicy",
         "TMP_INFIX",
         "UnmarkedCheckpointsError",

@@ -221,9 +221,10 @@ def digest(data: Data) -> bytes:
     return h.digest()
 
 
-def load(path: str | os.PathLike[str]) -> Data:
-    """A file's contents; a large one read with SEEK_DATA/SEEK_HOLE, its holes (and runs
-    of :data:`HOLE` zero bytes) left out of memory."""
+def load(path: str | os.PathLike[str] | int) -> Data:
+    """A file's contents (by path, or from a descriptor, which it closes); a large one
+    read with SEEK_DATA/SEEK_HOLE, its holes (and runs of :data:`HOLE` zero bytes) left
+    out of memory."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < 16 * HOLE:

@@ -1,5 +1,6 @@
 """The alphabet of the model check: every action of :mod:`atomic_ckpt.testing.actions`,
-:mod:`atomic_ckpt.testing.parts` and :mod:`atomic_ckpt.testing.edges` by name, the ones
+:mod:`atomic_ckpt.testing.parts`, :mod:`atomic_ckpt.testing.edges` and
+:mod:`atomic_ckpt.testing.races` by name, the ones
 left out until a defect is fixed, and the starting roots."""
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from atomic_ckpt.testing.actions import (
 from atomic_ckpt.testing.edges import EDGES, LIVE_EDGES, MULTI_EDGES
 from atomic_ckpt.testing.model import RootModel, files_of
 from atomic_ckpt.testing.parts import LIVE_ONLY, MULTI, PARTS
+from atomic_ckpt.testing.races import RACES
 
 __all__ = ["ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"]
 
@@ -135,6 +137,8 @@ def _actions() -> tuple[Action, ...]:
         add(name, run, apply, crash=name not in LIVE_EDGES)
     for name, (run, apply, phase) in MULTI_EDGES.items():
         add(name, run, apply, multi=True, midway=phase)
+    for name, (run, apply, first) in RACES.items():
+        add(name, run, apply, midway=first)
 
     return tuple(out)
 

@@ -57,12 +57,14 @@ class Saved:
 
 
 class Refused(Exception):
-    """A transition the library must refuse with ``expected`` (model unchanged)."""
+    """A transition the library must refuse with ``expected`` (model unchanged); ``says``,
+    where given, a phrase its message must contain (the cause or the remedy it names)."""
 
-    def __init__(self, expected: type[BaseException], why: str) -> None:
+    def __init__(self, expected: type[BaseException], why: str, *, says: str | None = None) -> None:
         super().__init__(f"{expected.__name__}: {why}")
         self.expected = expected
         self.why = why
+        self.says = says
 
 
 @dataclass
@@ -193,7 +195,9 @@ def observe(root: Path, *, prefix: str = "") -> Observation:
     if best is not None:
         out["best"] = best.step
     elif os.path.lexists(root / BEST_LINK):
-        raise AssertionError(f"{BEST_LINK} -> {os.readlink(root / BEST_LINK)} dangles")
+        pointer = root / BEST_LINK  # a symlink, or a file where symlinks are refused
+        named = os.readlink(pointer) if pointer.is_symlink() else "(a file naming it)"
+        raise AssertionError(f"{BEST_LINK} -> {named} dangles")
     for name in sorted(os.listdir(root)):
         path = root / name
         if name == BEST_LINK or not path.is_symlink() or ".tmp-" in name:

@@ -26,6 +26,7 @@ from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l5_facade import closing as _closing
 from atomic_ckpt.testing.defects import DEFECTS
 from atomic_ckpt.testing.defects import patched as _patched
+from atomic_ckpt.testing.later_defects import LATER_DEFECTS
 from atomic_ckpt.testing.more_defects import MORE_DEFECTS
 
 __all__ = ["API_MUTANTS", "KILLED_BY", "KILLED_UNDER", "STEPS", "api_mutant", "mutant"]
@@ -227,10 +228,12 @@ API_MUTANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = 
     "carry_trusts_changed_source": _carry_trusts_source,
     **DEFECTS,
     **MORE_DEFECTS,
+    **LATER_DEFECTS,
 }
 """The review defects, by name: each a context manager that puts one back (those of the
 outside attack from :mod:`atomic_ckpt.testing.defects`, those invented to attack the
-model check from :mod:`atomic_ckpt.testing.more_defects`)."""
+model check from :mod:`atomic_ckpt.testing.more_defects`, those later reviews found from
+:mod:`atomic_ckpt.testing.later_defects`)."""
 
 
 @contextlib.contextmanager
@@ -287,11 +290,23 @@ KILLED_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "promote_drops_aliases": ("prefixed", ("promote_named",)),
     "set_best_not_durable": ("two", ("set_best",)),
     "atomic_write_no_dir_fsync": ("empty", ("atomic_write",)),
+    "carry_in_flight_not_waited": ("two", ("carry_thread",)),
+    "open_join_in_own_thread_ignored": ("empty", ("join_generator",)),
+    "open_join_blames_publish": ("empty", ("join_generator",)),
+    "nested_commit_not_refused": ("empty", ("commit_nested",)),
+    "late_join_commits_alone": ("empty", ("late_join",)),
+    "delete_unlinks_not_durable": ("two", ("delete_best_force",)),
+    "interrupted_publish_left_open": ("empty", ("publish_interrupted",)),
+    "distributed_nested_not_refused": ("empty", ("distributed_nested",)),
+    "rank0_one_block_per_step": ("empty", ("rank0_threads",)),
 }
 """For each API mutant, a sequence of the default model check (a starting root of
 :data:`~atomic_ckpt.testing.alphabet.ROOTS`, action names) that fails with it put back."""
 
-KILLED_UNDER: dict[str, tuple[str, ...]] = {"drop_aliases_not_durable": ("subset",)}
+KILLED_UNDER: dict[str, tuple[str, ...]] = {
+    "drop_aliases_not_durable": ("subset",),
+    "delete_unlinks_not_durable": ("subset",),
+}
 """The crash models a mutant's :data:`KILLED_BY` sequence is checked under, where not the
 default ``kill`` and ``power``: a missing fsync between two changes of the root that only
 a filesystem keeping them out of order shows (the default run crashes every single action

@@ -70,27 +70,31 @@ class Outcome:
         return head + ("" if self.ok else "\n  " + "\n  ".join(self.problems))
 
 
-def _expect(model: RootModel, action: Action) -> tuple[RootModel, type[BaseException] | None]:
+def _expect(model: RootModel, action: Action) -> tuple[RootModel, Refused | None]:
     after = model.copy()
     try:
         action.apply(after)
     except Refused as refused:
-        return model, refused.expected
+        return model, refused
     return after, None
 
 
 def _live(
-    ckpts: CheckpointDir, action: Action, after: RootModel, expected: type[BaseException] | None
+    ckpts: CheckpointDir, action: Action, after: RootModel, refused: Refused | None
 ) -> list[str]:
-    """Run ``action`` for real: did it raise what the model says, and leave its state?"""
+    """Run ``action`` for real: did it raise what the model says (saying what it must),
+    and leave its state?"""
     problems: list[str] = []
     before = _leftovers(ckpts.root)
+    expected = refused.expected if refused is not None else None
     try:
         action.run(ckpts)
     except Exception as exc:
         if expected is None or not isinstance(exc, expected):
             want = expected.__name__ if expected else "success"
             problems.append(f"{action.name}: raised {exc!r}, the model says {want}")
+        elif refused is not None and refused.says and refused.says not in str(exc):
+            problems.append(f"{action.name}: raised {exc!r}, not saying {refused.says!r}")
     else:
         if expected is not None:
             problems.append(f"{action.name}: returned, the model says {expected.__name__}")
@@ -195,7 +199,7 @@ def check_sequence(
     model = RootModel(prefix=root.prefix)
     for a in root.setup:
         a.apply(model)
-    plan: list[tuple[Action, RootModel, type[BaseException] | None]] = []
+    plan: list[tuple[Action, RootModel, Refused | None]] = []
     for a in actions:
         after, expected = _expect(model, a)
         plan.append((a, after, expected))

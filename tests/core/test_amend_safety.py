@@ -358,14 +358,23 @@ def test_promote_named_under_an_algorithm_not_installed_keeps_it(ckpts: Checkpoi
 def test_staging_is_the_outer_commit_once_a_nested_commit_of_the_step_ends(
     ckpts: CheckpointDir,
 ) -> None:
-    """Two open commits of one step: staging() is the newest open one, and the outer one
-    again once the inner one ended (published or aborted)."""
+    """Two open commits of one step (the newer begun in another thread, as a second in
+    this thread is refused): staging() is the newest open one, and the outer one again
+    once the inner one ended (published or aborted)."""
+
+    def begun_elsewhere() -> Any:
+        made: list[Any] = []
+        thread = threading.Thread(target=lambda: made.append(ckpts.begin(5)))
+        thread.start()
+        thread.join(60)
+        return made[0]
+
     outer = ckpts.begin(5)
-    inner = ckpts.begin(5)
+    inner = begun_elsewhere()
     assert ckpts.staging(5) == inner.path
     inner.abort()
     assert ckpts.staging(5) == outer.path
-    again = ckpts.begin(5)
+    again = begun_elsewhere()
     assert ckpts.staging(5) == again.path
     again.publish()
     assert ckpts.staging(5) == outer.path

@@ -137,11 +137,10 @@ def test_a_touched_source_with_the_same_bytes_is_verified_then_carried(tmp_path:
     try:
         with ckpts.begin(2) as commit:
             commit.carry("frozen.bin", from_=1)
+            waiting = list(commit._pending[0].waiting.values())
     finally:
         carry_mod.checksum_file = real
-    from atomic_ckpt._core.l4_protocol.carry import waiting_name
-
-    assert [p.name for p in calls] == [waiting_name(0, 0)]  # the carried file, once
+    assert [p.name for p in calls] == waiting  # the carried file, once
     ckpts.verify(2)
 
 
@@ -189,15 +188,14 @@ def test_a_carried_file_cannot_be_written_in_place_during_the_block(tmp_path: Pa
 def test_a_write_into_the_private_carry_area_stops_the_publish(tmp_path: Path) -> None:
     """Code that reaches into the private area and writes a carried file in place is
     refused at publish (the backstop), and verify() of the source reports the damage."""
-    from atomic_ckpt._core.l4_protocol.carry import waiting_name
-
     ckpts = CheckpointDir(tmp_path)
     _first(ckpts)
     commit = ckpts.begin(2)
     if commit.carry("frozen.bin", from_=1) != "hardlink":
         commit.abort()
         pytest.skip("the filesystem did not hard-link")
-    with open(commit.path / waiting_name(0, 0), "r+b") as f:
+    (waiting,) = commit._pending[0].waiting.values()
+    with open(commit.path / waiting, "r+b") as f:
         f.write(b"XY")
     with pytest.raises(VerificationError, match="written in place"):
         commit.publish()

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -371,12 +372,18 @@ def test_retain_given_to_begin_prunes_once_published(ckpts: CheckpointDir) -> No
     assert leftovers(ckpts) == set()
 
 
-def test_two_handles_of_one_step_each_commit_whole_and_the_last_wins(
+def test_two_handles_of_one_step_from_two_threads_each_commit_whole_and_the_last_wins(
     ckpts: CheckpointDir,
 ) -> None:
-    """Two open commits of the same step: each publish is complete; the last published stays."""
+    """Two open commits of the same step, begun in two threads: each publish is complete;
+    the last published stays. (In one thread the second is refused while the first is
+    open: tests/core/test_nested_in_a_begin_handle.py.)"""
     first = ckpts.begin(1)
-    second = ckpts.begin(1)
+    made: list[Commit] = []
+    thread = threading.Thread(target=lambda: made.append(ckpts.begin(1)))
+    thread.start()
+    thread.join(60)
+    (second,) = made
     assert first.path != second.path
     write(first.path, OLD)
     write(second.path, NEW)

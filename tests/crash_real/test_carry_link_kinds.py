@@ -62,3 +62,49 @@ def test_a_carrier_is_carried_on_unhashed_and_a_racy_source_is_hashed(
     ckpts.delete(1)
     ckpts.delete(2)
     ckpts.verify(3)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_a_carried_file_keeps_its_mode_on_every_filesystem(mounter: Mounter, kind: str) -> None:
+    """An executable file carried by a real reflink (xfs, btrfs) or hard link (ext4, tmpfs)
+    is executable in the new checkpoint too; a subtree's symlinks are carried as links."""
+    import stat
+
+    fs = mount_or_skip(mounter, kind)
+    ckpts = CheckpointDir(fs.path / "ckpts")
+    with ckpts.commit(1) as path:
+        (path / "tools").mkdir()
+        (path / "tools" / "run.sh").write_bytes(b"#!/bin/sh\necho hi\n")
+        os.chmod(path / "tools" / "run.sh", 0o750)
+        os.symlink("/etc/passwd", path / "tools" / "outside")
+    with ckpts.begin(2) as commit:
+        assert commit.carry("tools/", from_=1) == EXPECTED[kind]
+    carried = ckpts.path_of(2) / "tools"
+    assert stat.S_IMODE(os.lstat(carried / "run.sh").st_mode) == 0o750
+    assert os.readlink(carried / "outside") == "/etc/passwd"  # a link, never followed
+    ckpts.delete(1)
+    ckpts.verify(2)
+
+
+def test_a_source_on_another_filesystem_is_copied_and_verified(mounter: Mounter) -> None:
+    """Step 1 bind-mounted from a tmpfs over the root on ext4 (a link across it is EXDEV):
+    the carry copies, after hashing the source (its inode is not the committed one), and
+    the carrier verifies once the source is gone."""
+    import shutil
+    import subprocess
+
+    fs = mount_or_skip(mounter, "ext4")
+    other = mount_or_skip(mounter, "tmpfs")
+    ckpts = CheckpointDir(fs.path / "ckpts")
+    with ckpts.commit(1) as path:
+        (path / "frozen.bin").write_bytes(os.urandom(1 << 20))
+    shutil.copytree(ckpts.path_of(1), other.path / "1", symlinks=True)
+    subprocess.run(["mount", "--bind", str(other.path / "1"), str(ckpts.path_of(1))], check=True)
+    try:
+        assert os.stat(ckpts.path_of(1)).st_dev != os.stat(ckpts.root).st_dev
+        with ckpts.begin(2) as commit:
+            assert commit.carry("frozen.bin", from_=1) == "copy"
+    finally:
+        subprocess.run(["umount", str(ckpts.path_of(1))], check=True)
+    ckpts.delete(1)
+    ckpts.verify(2)

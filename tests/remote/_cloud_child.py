@@ -1,6 +1,7 @@
 """A child process that commits one step to a gs:// or az:// root (an emulator) and can
-SIGKILL itself before its Nth request (or right after the manifest write), or wait at the
-commit point for racing siblings: the GCS/Azure counterpart of ``_remote_child.py``.
+SIGKILL itself before its Nth request (or right after the manifest write), pause before its
+Nth request until told to go on, or wait at the commit point for racing siblings: the
+GCS/Azure counterpart of ``_remote_child.py``.
 
 Usage: python _cloud_child.py URL OPTIONS_JSON STEP SEED [options]. Prints one JSON line:
 {"outcome": "committed"|"conflict", "requests": N}; writes each request to ``--log``
@@ -50,11 +51,22 @@ def main() -> int:
     p.add_argument("--ready", type=Path, help="touch this once staged")
     p.add_argument("--go", type=Path, help="then wait for this file before publishing")
     p.add_argument("--staging", type=Path, required=True)
+    p.add_argument("--linear-retry", action="store_true", help="az: retry 50 ms apart")
+    p.add_argument("--pause-before", type=int, default=0, help="before request N: touch")
+    p.add_argument("--paused", type=Path, help="this file, then wait for --resume")
+    p.add_argument("--resume", type=Path)
     args = p.parse_args()
 
+    options = json.loads(args.options)
+    if args.linear_retry and args.url.startswith("az://"):
+        from azure.storage.blob import LinearRetry
+
+        options["client_kwargs"] = {
+            "retry_policy": LinearRetry(backoff=0.05, random_jitter_range=0, retry_total=3)
+        }
     rdir = RemoteCheckpointDir(
         args.url,
-        storage_options=json.loads(args.options),
+        storage_options=options,
         staging_dir=args.staging,
         part_size=SMALL_PART,
         multipart_threshold=SMALL_PART,
@@ -71,6 +83,11 @@ def main() -> int:
             if count == args.kill_before:
                 _say(args.log, f"KILL before request {count}")
                 os.kill(os.getpid(), signal.SIGKILL)
+            if count == args.pause_before:
+                _say(args.log, f"PAUSE before request {count}")
+                args.paused.touch()
+                while not args.resume.exists():
+                    time.sleep(0.01)
         response = send(request, *a, **kw)
         if (
             args.kill_after_manifest

@@ -277,6 +277,21 @@ def fast_root(emulator: Emulator, url: str, tmp: Path, **extra: Any) -> RemoteCh
     return rdir
 
 
+def options_through(emulator: Emulator, endpoint: str, **extra: Any) -> dict[str, Any]:
+    """storage_options reaching ``emulator`` through a proxy at ``endpoint`` (JSON: a child
+    process takes them), with a retry_deadline of 30 s unless ``extra`` says otherwise."""
+    extra = {"retry_deadline": 30, **extra}
+    if emulator.scheme == "gs":
+        return {"endpoint_url": endpoint, **extra}
+    return {
+        "connection_string": (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+        ),
+        **extra,
+    }
+
+
 def env_without_cloud() -> dict[str, str]:
     """The environment for a child process, without anything that points a client at a
     real cloud account."""

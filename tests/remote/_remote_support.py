@@ -5,10 +5,16 @@ the [gcs] and [azure] extras are installed (.ci/oldest_cloud.sh)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import socket
+import struct
 import threading
+import time
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,3 +165,136 @@ class Gate:
 
     def release(self) -> None:
         self._open.set()
+
+
+# ---------------------------------------------------------------- a proxy that loses answers
+
+_WRITES = (b"POST ", b"PUT ")
+
+
+class CuttingProxy:
+    """Forwards every connection to ``upstream``; the answer to the first ``cut`` manifest
+    writes (a POST or PUT whose bytes name ``checkpoint_complete``) is never forwarded:
+    the client's connection is reset once the server has answered. After a cut, new
+    connections are refused for ``refuse_for`` seconds (the listening socket closed)."""
+
+    def __init__(
+        self,
+        upstream: str,
+        cut: int = 1,
+        refuse_for: float = 0.0,
+        on_cut: Callable[[], None] | None = None,
+    ) -> None:
+        parts = urllib.parse.urlsplit(upstream)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.cut, self.refuse_for = cut, refuse_for
+        self.on_cut = on_cut
+        """Called when a cut answer has arrived, before the client's connection is reset
+        (e.g. to SIGKILL the client: it dies between its write and the answer)."""
+        self.cuts = 0
+        self.writes = 0  # manifest writes that reached the server
+        self.answers: list[bytes] = []  # the status lines of the answers cut off
+        self.clients: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.listener = self._listen(0)
+        self.port = self.listener.getsockname()[1]
+        self.stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _listen(self, port: int) -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(64)
+        return s
+
+    def _accept(self) -> None:
+        while not self.stopped:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                time.sleep(0.01)  # the listener is being replaced
+                continue
+            server = socket.create_connection(self.upstream)
+            with self.lock:
+                self.clients.append(client)
+            state: dict[str, Any] = {
+                "sent": b"",
+                "armed": False,
+                "answered": False,
+                "counted": False,
+            }
+            threading.Thread(target=self._up, args=(client, server, state), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, state), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, state: dict[str, Any]) -> None:
+        try:
+            while data := client.recv(1 << 16):
+                if state["answered"]:  # a new request on this connection
+                    state.update(sent=b"", answered=False, counted=False)
+                state["sent"] += data
+                sent = state["sent"]
+                if sent.startswith(_WRITES) and b"checkpoint_complete" in sent:
+                    with self.lock:
+                        if not state["counted"]:
+                            state["counted"] = True
+                            self.writes += 1
+                            if self.cuts < self.cut:
+                                self.cuts += 1
+                                state["armed"] = True
+                server.sendall(data)
+        except OSError:
+            pass
+        finally:
+            server.close()
+
+    def _down(self, server: socket.socket, client: socket.socket, state: dict[str, Any]) -> None:
+        try:
+            while data := server.recv(1 << 16):
+                state["answered"] = True
+                if state["armed"]:
+                    self.answers.append(data.split(b"\r\n", 1)[0])
+                    if self.on_cut is not None:
+                        self.on_cut()
+                    if self.refuse_for:  # and every open connection is closed
+                        self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+                        self.listener.close()
+                        threading.Thread(target=self._relisten, daemon=True).start()
+                        with self.lock:
+                            for other in self.clients:
+                                if other is not client:
+                                    with contextlib.suppress(OSError):
+                                        other.shutdown(socket.SHUT_RDWR)
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    client.shutdown(socket.SHUT_RDWR)  # the answer is lost
+                    client.close()
+                    return
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+    def outage(self) -> None:
+        """Refuse connections for ``refuse_for`` seconds from now, every open one closed."""
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for other in self.clients:
+                with contextlib.suppress(OSError):
+                    other.shutdown(socket.SHUT_RDWR)
+        threading.Thread(target=self._relisten, daemon=True).start()
+
+    def _relisten(self) -> None:
+        time.sleep(self.refuse_for)
+        self.listener = self._listen(self.port)
+
+    def stop(self) -> None:
+        self.stopped = True
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()

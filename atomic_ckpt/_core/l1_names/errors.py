@@ -125,6 +125,35 @@ def _rebuild_full(message: str, path: Path | None, step: int | None, code: int) 
     return DiskFullError(message, path=path, step=step, code=code)
 
 
+class SymlinksUnsupportedError(CheckpointError, OSError):
+    """The filesystem of the root makes no symlinks (vfat, exFAT, some SMB mounts), and
+    what was asked for is one (an alias): ``errno`` is the refusal's (EPERM, EOPNOTSUPP...),
+    the original error its cause. Commit there without ``aliases=``, or put the root on a
+    filesystem with symlinks."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        step: int | None = None,
+        code: int = errno.EOPNOTSUPP,
+    ) -> None:
+        super().__init__(message, path=path, step=step)
+        self.errno = code
+        self.strerror = os.strerror(code)
+        self.filename = None if path is None else str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_symlinks, (str(self), self.path, self.step, self.errno), self.__dict__)
+
+
+def _rebuild_symlinks(
+    message: str, path: Path | None, step: int | None, code: int
+) -> SymlinksUnsupportedError:
+    return SymlinksUnsupportedError(message, path=path, step=step, code=code)
+
+
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
 

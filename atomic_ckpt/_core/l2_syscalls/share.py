@@ -35,14 +35,22 @@ _NO_LINK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, err
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def _permissions(fd_in: int) -> int:
+    """The permission bits of the file open as ``fd_in``, for a new inode sharing its
+    bytes: a hard link has the source's mode, so a reflink or a copy gets it too (an
+    executable script stays one). Never the set-id or sticky bits: a copy this process
+    makes is no privilege the source's owner granted."""
+    return stat.S_IMODE(os.fstat(fd_in).st_mode) & 0o777
+
+
 def _reflink(fd_in: int, dst: Path) -> bool:
-    """``dst`` made a new file sharing ``fd_in``'s extents; False (nothing left) if the
-    filesystem cannot."""
+    """``dst`` made a new file sharing ``fd_in``'s extents (and its permission bits);
+    False (nothing left) if the filesystem cannot."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not a POSIX system
         return False
-    fd_out = os.open(dst, _NEW, 0o666)
+    fd_out = os.open(dst, _NEW, 0o600)
     try:
         fcntl.ioctl(fd_out, FICLONE, fd_in)
     except OSError as exc:
@@ -51,15 +59,23 @@ def _reflink(fd_in: int, dst: Path) -> bool:
         if exc.errno not in _NO_CLONE:
             raise
         return False
+    try:
+        os.fchmod(fd_out, _permissions(fd_in))
+    except BaseException:
+        os.close(fd_out)
+        os.unlink(dst)
+        raise
     os.close(fd_out)
     return True
 
 
 def _copy(fd_in: int, dst: Path) -> None:
-    fd_out = os.open(dst, _NEW, 0o666)
+    """``dst`` made a new file holding ``fd_in``'s bytes (and its permission bits)."""
+    fd_out = os.open(dst, _NEW, 0o600)
     try:
         while os.sendfile(fd_out, fd_in, None, 1 << 30):
             pass
+        os.fchmod(fd_out, _permissions(fd_in))
     except BaseException:
         os.close(fd_out)
         with contextlib.suppress(OSError):

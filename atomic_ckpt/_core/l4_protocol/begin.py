@@ -86,6 +86,8 @@ def begin_as(
     #    unlocked.
     staging, lock = _stage.make_staging(root, name)
     try:
+        if alias_list:
+            _probe_symlinks(root, staging, name)
         return Commit(
             root,
             step,
@@ -106,6 +108,24 @@ def begin_as(
         except OSError as cleanup:
             exc.add_note(f"atomic_ckpt: removing {lock.path} also failed: {cleanup!r}")
         raise
+
+
+_SYMLINK_PROBE = ".symlink-probe"
+"""The link :func:`_probe_symlinks` makes (and removes) in a new, still empty, staging dir."""
+
+
+def _probe_symlinks(root: Root, staging: Path, name: str) -> None:
+    """SymlinksUnsupportedError, before the caller writes anything, where the root's
+    filesystem makes no symlinks and aliases (symlinks) were asked for: a link made and
+    removed in the staging directory (where a crash leaves it with the rest, ignored)."""
+    probe = staging / _SYMLINK_PROBE
+    try:
+        _fs.symlink(name, probe)
+    except OSError as exc:
+        if not _delete.symlinks_refused(exc, staging):
+            raise
+        raise _delete.no_symlinks_error(exc, root, f"the aliases of {name!r}") from exc
+    _fs.unlink(probe)
 
 
 def check_replaceable(final: Path, step: int | None, *, replace: bool) -> None:

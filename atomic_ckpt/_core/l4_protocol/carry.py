@@ -17,16 +17,16 @@ only once the source is known to be the file that entry describes:
   refused (:class:`~atomic_ckpt.VerificationError`) and nothing of it stays. A source
   without checksums cannot be verified and is refused.
 
-The shared files wait at private names in the staging dir's top level (``CARRYING.<carry>.
-<file>``), never at their own names while the block runs (a plain ``open(name, "wb")`` there
-would truncate the source through a hard link); :func:`place` renames them to their names
-at the publish, after the block's writes, through directory descriptors (never following a
-link): a name the block wrote keeps the block's file. No directory is made for the waiting
-files, so none is removed at the publish (an ``rmdir`` frees a block: on a filesystem
-mounted with ``discard`` and no journal that is a synchronous discard, 3-20 ms).
-Durability comes with the commit: its tree walk, after the
-placement, fsyncs every file of the staging dir (a reflink's or copy's new data and
-metadata) and every directory (a hard link's new entry).
+The shared files wait at private names in the staging dir's top level (``CARRYING.<random>
+.<carry>.<file>``), never at their own names while the block runs (a plain ``open(name,
+"wb")`` there would truncate the source through a hard link); :func:`place` renames them
+to their names at the publish, after the block's writes, through directory descriptors
+(never following a link): a name the block wrote keeps the block's file. No directory is
+made for the waiting files, so none is removed at the publish (an ``rmdir`` frees a block:
+on a filesystem mounted with ``discard`` and no journal that is a synchronous discard,
+3-20 ms). Durability comes with the commit: its tree walk, after the placement, fsyncs
+every file of the staging dir (a reflink's or copy's new data and metadata) and every
+directory (a hard link's new entry).
 At the publish a carried file still having the identity it had when carried is not hashed
 again; one written in place meanwhile (same inode, new size or time: through a link shared
 with a committed checkpoint) stops the commit.
@@ -40,6 +40,7 @@ import errno
 import logging
 import os
 import posixpath
+import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,7 +53,7 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, parse_step
+from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, not_a_mapping, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
@@ -72,11 +73,10 @@ Carried = dict[str, tuple[FileEntry, Identity]]
 _RANK: dict[Method, int] = {"reflink": 0, "hardlink": 1, "copy": 2}
 
 CARRYING = ".carrying.tmp-atomic_ckpt"
-"""The prefix of the private names in the staging dir's top level where carried files wait
-for the publish (``CARRYING.<carry>.<file>``, :func:`waiting_name`): never at their own
-names while the block runs, so nothing the block opens for writing there can reach a file
-shared with a committed checkpoint. Gone before the tree walk; removed with the staging
-dir on an abort."""
+"""The prefix of the private names (:func:`waiting_name`) in the staging dir's top level
+where carried files wait for the publish, never at their own names while the block runs:
+nothing the block opens for writing there can reach a file shared with a committed
+checkpoint. Gone before the tree walk; removed with the staging dir on an abort."""
 
 
 RACY_NS = 2 * 10**9
@@ -90,10 +90,12 @@ shared by two carries, which joined threads may make at once (a refused carry le
 slot empty and inert, so no later one takes its number)."""
 
 
-def waiting_name(carry: int, file: int) -> str:
+def waiting_name(carry: int, file: int, token: str) -> str:
     """The private name at which file ``file`` of the ``carry``-th carry of a commit waits
-    in the staging dir's top level for the publish."""
-    return f"{CARRYING}.{carry}.{file}"
+    in the staging dir's top level for the publish; ``token`` is random, drawn by each
+    carry, so no name a checkpoint was committed with (nor one the block wrote before the
+    carry) is ever a waiting name: the publish would take that file for the carried one."""
+    return f"{CARRYING}.{token}.{carry}.{file}"
 
 
 def relative(relpath: str | os.PathLike[str]) -> str:
@@ -106,12 +108,13 @@ def relative(relpath: str | os.PathLike[str]) -> str:
     return rel
 
 
-def source_of(root: Root, from_: int | str) -> Checkpoint:
+def source_of(root: Root, from_: int | str, arg: str = "from_") -> Checkpoint:
     """The complete checkpoint ``from_`` names: a step (an int, or its directory name) or
-    a named checkpoint; CheckpointNotFoundError if there is none."""
+    a named checkpoint; CheckpointNotFoundError if there is none (or it is an alias)."""
     if isinstance(from_, str):
         step = parse_step(from_, root.prefix)
         if step is None:
+            _delete.refuse_alias(root, from_, arg)
             name = check_chosen_name("checkpoint name", from_, root.prefix, hidden=False)
             path = root.path / name
             try:
@@ -226,11 +229,12 @@ def carry(
         pending.append(Pending("", {}, [], {}, False))  # inert until filled in below
     waiting: dict[str, str] = {}
     made: dict[str, tuple[FileEntry, Identity]] = {}
+    token = secrets.token_hex(8)
     try:
         methods = []
         for entry in entries:
             if entry.type == "file":
-                name = waiting_name(number, len(waiting))
+                name = waiting_name(number, len(waiting), token)
                 methods.append(_one(staging / name, source, pin, entry, made))
                 waiting[entry.path] = name  # (a refused one left nothing there)
     except BaseException:
@@ -439,11 +443,8 @@ def _changed(source: Checkpoint, entry: FileEntry, why: str) -> VerificationErro
 
 
 def carry_all(commit: Any, carry: Mapping[str, int | str] | None) -> None:
-    """:meth:`Commit.carry` each relative path of ``carry`` from the checkpoint it maps to
-    (the ``carry=`` argument of ``commit()``); how each was carried is logged."""
-    if carry is not None and not isinstance(carry, Mapping):  # one path, a list of them
-        what = f"({{'tokenizer/': 4}}), not {carry!r}"
-        raise TypeError(f"carry= maps each relative path to the step or name it comes from {what}")
+    """:meth:`Commit.carry` each path of ``carry`` (``commit(carry=)``) from its source; logged."""
+    not_a_mapping("carry", carry, "each relative path to the step or name it comes from: {'a/': 4}")
     for relpath, source in (carry or {}).items():
         how = commit.carry(relpath, from_=source)
         log.info("carried %s from %s into %s (%s)", relpath, source, commit.name, how)

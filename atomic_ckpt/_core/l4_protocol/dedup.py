@@ -104,7 +104,7 @@ def previous(root: Root, step: int | None, dedup: Dedup) -> Checkpoint | None:
                 return ckpt
         return None
     try:
-        return _carry.source_of(root, dedup)
+        return _carry.source_of(root, dedup, "dedup")
     except CheckpointNotFoundError as exc:
         log.warning("dedup: %s; nothing is deduplicated", exc)
         return None
@@ -204,9 +204,10 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId, written: Path) -
     """Make the new name ``tmp`` a reflink, else a hard link, of the regular file ``rel``
     below the directory open as ``top_fd`` (never through a symlink), if that file is
     still ``expect`` (device, inode, size, mtime in ns) before and after it is shared,
-    and its bytes, read once through the new link, equal those of the file ``written``
-    (the one it replaces): a change that kept the size and mtime (restored with
-    ``os.utime``, or bit rot) is caught here, never copied over the good bytes.
+    and its mode (permission bits) and bytes, read once through the new link, equal
+    those of the file ``written`` (the one it replaces): a change that kept the size
+    and mtime (restored with ``os.utime``, or bit rot) is caught here, never copied
+    over the good bytes.
     None, with nothing left at ``tmp``, where it is gone or changed (logged as a warning:
     it was written or touched since) or the filesystem shares nothing (a copy would save
     no space)."""
@@ -228,6 +229,10 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId, written: Path) -
             "written stays",
             rel,
         )
+        return None
+    if stat.S_IMODE(st.st_mode) != stat.S_IMODE(os.lstat(written).st_mode):
+        os.unlink(tmp)  # a hard link would give the written file the previous one's mode
+        log.info("dedup: %s has another mode than the file written; not linked", rel)
         return None
     if not _same_bytes(tmp, written):
         os.unlink(tmp)

@@ -12,14 +12,17 @@ cannot point ``checkpoint_best`` at a checkpoint the other is deleting.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import stat
 from pathlib import Path
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     ManifestError,
     StepConflictError,
+    SymlinksUnsupportedError,
 )
 from atomic_ckpt._core.l1_names.names import (
     BEST_LINK,
@@ -146,12 +149,38 @@ def check_aliases_free(root: Root, aliases: list[str]) -> None:
 
 def point_aliases(root: Root, aliases: list[str], target: str) -> None:
     """Point each alias (a symlink in the root) at the sibling ``target``, atomically
-    (under the root lock; the caller fsyncs the root)."""
+    (under the root lock; the caller fsyncs the root, which it has done for ``target``
+    itself first: a refusal here says that checkpoint is committed)."""
     check_aliases_free(root, aliases)
     for alias in aliases:
-        _fs.symlink_replace(
-            target, root.path / alias, root.path / root.tmp_name(alias, new_token())
-        )
+        try:
+            _fs.symlink_replace(
+                target, root.path / alias, root.path / root.tmp_name(alias, new_token())
+            )
+        except OSError as exc:
+            if not symlinks_refused(exc, root.path):
+                raise
+            raise no_symlinks_error(
+                exc, root, f"checkpoint {root.path / target} is committed, but its alias"
+            ) from exc
+
+
+def symlinks_refused(exc: OSError, directory: Path) -> bool:
+    """Whether ``exc``, from ``symlink()`` in ``directory``, says its filesystem makes no
+    symlinks, rather than that the directory cannot be written at all."""
+    return exc.errno in _SYMLINK_REFUSALS and os.access(directory, os.W_OK)
+
+
+def no_symlinks_error(exc: OSError, root: Root, what: str) -> SymlinksUnsupportedError:
+    """The error for an alias ``symlink()`` refused with ``exc``; ``what`` begins it."""
+    return SymlinksUnsupportedError(
+        f"{what} cannot be made: {root.path} is on a filesystem that makes no symlinks "
+        f"({os.strerror(exc.errno or errno.EOPNOTSUPP)}: vfat, exFAT and some SMB mounts "
+        "refuse them), and an alias is a symlink. Commit there without aliases= (the "
+        "best pointer needs no symlink), or put the root on a filesystem with symlinks",
+        path=root.path,
+        code=exc.errno or errno.EOPNOTSUPP,
+    )
 
 
 def aliases_of(root: Root, names: set[str]) -> list[Path]:
@@ -205,14 +234,71 @@ def remove_aliases(root: Root, names: set[str]) -> list[Path]:
     return found
 
 
+def refuse_alias(root: Root, name: str, arg: str) -> None:
+    """CheckpointNotFoundError if ``name``, given as the argument ``arg`` (``from_``), is
+    an alias in the root (a symlink naming a step: ``aliases=``, or the best pointer),
+    saying which step to pass instead: ``arg`` names a checkpoint itself, never a link
+    that may move meanwhile."""
+    if "/" in name or os.sep in name:
+        return
+    try:
+        target = os.readlink(root.path / name)
+    except (OSError, ValueError):
+        return  # not a symlink (or not there): the caller's checks say what it is
+    step = parse_step(target, root.prefix) if "/" not in target else None
+    names = f"step {step}, so pass {arg}={step}" if step is not None else repr(target)
+    raise CheckpointNotFoundError(
+        f"{name!r} in {root.path} is an alias (a symbolic link naming {names}), not a "
+        f"checkpoint: {arg}= takes a step or a named checkpoint's name. Nothing was done",
+        path=root.path / name,
+    )
+
+
 # --------------------------------------------------------------------------- the best pointer
 
 
-def best_step(root: Root) -> int | None:
-    """The step ``checkpoint_best`` names, or None (no link, or not a step name)."""
+_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+"""What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
+mounts): EPERM, EOPNOTSUPP (also ENOTSUP), ENOSYS, EINVAL."""
+
+POINTER_MAX = 1024
+"""Bytes read of a pointer file at most: a directory name (255 bytes) and a newline."""
+
+
+def _read_pointer_file(path: Path) -> str | None:
+    """The name a ``checkpoint_best`` *file* holds (the pointer where the filesystem makes
+    no symlinks), or None: not a regular file (never followed, never waited on: a FIFO is
+    opened non-blocking and refused), too long, or not UTF-8."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        target = os.readlink(root.path / BEST_LINK)
-    except OSError:  # missing, not a symlink, or a name too long
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, POINTER_MAX + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > POINTER_MAX:
+        return None
+    try:
+        return data.decode("utf-8").removesuffix("\n")
+    except UnicodeDecodeError:
+        return None
+
+
+def best_step(root: Root) -> int | None:
+    """The step ``checkpoint_best`` names (a symlink, or where the filesystem makes no
+    symlinks a file holding the name), or None (none, or not a step name)."""
+    path = root.path / BEST_LINK
+    try:
+        target: str | None = os.readlink(path)
+    except OSError as exc:  # missing, not a symlink, or a name too long
+        target = _read_pointer_file(path) if exc.errno == errno.EINVAL else None
+    if target is None:
         return None
     # A checkpoint root is untrusted input: only a plain sibling name counts.
     if "/" in target or os.sep in target:
@@ -236,11 +322,32 @@ def set_best_locked(root: Root, ckpt: Checkpoint) -> None:
     """Point ``checkpoint_best`` at ``ckpt`` atomically and durably (under the root lock).
 
     A new symlink under a ``.tmp-`` name (which ``clean()`` removes if we crash)
-    is renamed over the old one, then the root is fsynced.
+    is renamed over the old one, then the root is fsynced. Where the filesystem makes no
+    symlinks (a refusal in a root we may write), the same with a small file holding the
+    name (written and fsynced under the ``.tmp-`` name first), warned once per root.
     """
     tmp = root.path / root.tmp_name(BEST_LINK, new_token())
-    _fs.symlink_replace(ckpt.path.name, root.path / BEST_LINK, tmp)
+    try:
+        _fs.symlink_replace(ckpt.path.name, root.path / BEST_LINK, tmp)
+    except OSError as exc:
+        if not symlinks_refused(exc, root.path):
+            raise
+        if root.path not in _warned_no_symlinks:
+            _warned_no_symlinks.add(root.path)
+            log.warning(
+                "%s makes no symlinks (%s): %s is a file naming the best checkpoint "
+                "instead (replaced atomically and durably; best(), retain() and delete() "
+                "read it)",
+                root.path,
+                os.strerror(exc.errno) if exc.errno else exc,
+                BEST_LINK,
+            )
+        data = f"{ckpt.path.name}\n".encode()
+        _fs.write_file_durable(root.path / BEST_LINK, data, tmp=tmp, sync=root.sync.durable)
     root.sync.root(root.path)
+
+
+_warned_no_symlinks: set[Path] = set()
 
 
 def set_best(root: Root, step: int) -> Checkpoint:

@@ -14,8 +14,9 @@ This process's open commits are registered here (:func:`open_commit`), and so ar
 ones that ended: a join is bound to the process that began the commit (a child forked
 inside it is refused), a join from another thread naming a commit that ended (published
 or aborted) is refused rather than committed alone (:func:`find_join`), and a second
-commit of a step whose ``with`` block is open in the same thread, without ``join=True``,
-is refused before it stages anything (:func:`refuse_nested`).
+commit of a step open in the same thread (its ``with`` block, or a handle of ``begin`` not
+yet ended), without ``join=True``, is refused before it stages anything
+(:func:`refuse_nested`).
 """
 
 from __future__ import annotations
@@ -408,20 +409,33 @@ def refuse_foreign(root: Any, name: str, step: int | None) -> None:
 
 
 def refuse_nested(root: Any, name: str, step: int | None) -> None:
-    """CommitStateError if this thread of this process is inside a ``with`` block of an
-    open commit of ``name`` (``commit``, ``commit_named``, ``amend``, ``with begin()``): a
-    second one nested in it (without ``join=True``) would publish its part alone, and then
-    the outer one replace it. Called before anything is staged. (Handles of ``begin``
-    held outside a block may be several: each publishes a whole save.)"""
+    """CommitStateError if this thread of this process holds an open commit of ``name``:
+    the commit of a ``with`` block it is inside (``commit``, ``commit_named``, ``amend``,
+    ``with begin()``), or a handle of ``begin`` it made and has not yet published or
+    aborted (held without a block). A second commit nested in it (without ``join=True``)
+    would publish its part alone, and then the outer one replace it. Called before
+    anything is staged. (A handle belongs to the thread of its ``with`` block if it has
+    one, else to the thread that began it: one begun in another thread is another whole
+    save, and the last to promote wins.)"""
     me, thread = os.getpid(), threading.get_ident()
     for commit in _live(root.path, name):
-        if commit.state == "open" and commit._pid == me and commit._block == thread:
-            what = f"step {step}" if step is not None else repr(name)
-            raise CommitStateError(
-                f"a commit of {what} is already open in this thread (an outer commit or "
-                f"begin of {what}): a second one inside it would publish only its part, "
-                "and the outer one would then replace it. Pass join=True to add to the "
-                "open commit, or end the outer one first. Nothing was staged",
-                path=commit.final,
-                step=step,
-            )
+        if commit.state != "open" or commit._pid != me:
+            continue
+        bare = commit._block is None
+        if (commit._opener if bare else commit._block) != thread:
+            continue
+        what = f"step {step}" if step is not None else repr(name)
+        opened = f"begin({step})" if step is not None else f"begin_named({name!r})"
+        outer = (
+            f"a handle of {opened} made in this thread is not yet published or aborted"
+            if bare
+            else f"an outer commit or begin of {what}"
+        )
+        raise CommitStateError(
+            f"a commit of {what} is already open in this thread ({outer}): a second one "
+            "inside it would publish only its part, and the outer one would then replace "
+            "it. Pass join=True to add to the open commit, or end the outer one first "
+            "(publish() or abort() a handle). Nothing was staged",
+            path=commit.final,
+            step=step,
+        )

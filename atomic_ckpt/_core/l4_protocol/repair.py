@@ -17,6 +17,7 @@ from pathlib import Path
 
 from atomic_ckpt._core.l1_names.errors import ManifestError
 from atomic_ckpt._core.l1_names.names import (
+    BEST_LINK,
     LOCK_SUFFIX,
     MARKER_TMP_PREFIX,
     TAG_OLD,
@@ -97,7 +98,8 @@ def _is_ours(root: Root, tokens: dict[str, list[Path]], token: str, path: Path) 
 
     The evidence: its token's lock file (every writer and deleter creates one
     first, and leaves it behind when it dies), a manifest of ours inside it, or
-    the name of the best pointer's or an alias's temporary link. A foreign
+    the name of the best pointer's or an alias's temporary link (or of the best
+    pointer's temporary file, a small one, where symlinks are refused). A foreign
     ``x.tmp-<hex>`` entry has none of these.
     """
     lock = next((p for p in tokens[token] if p.name.endswith(LOCK_SUFFIX)), None)
@@ -108,6 +110,11 @@ def _is_ours(root: Root, tokens: dict[str, list[Path]], token: str, path: Path) 
         if stat.S_ISLNK(st.st_mode):
             tmp = parse_tmp(path.name)
             return tmp is not None and not tmp.is_lock and tmp.tag == ""
+        if stat.S_ISREG(st.st_mode) and st.st_size <= _delete.POINTER_MAX:
+            # The best pointer's file form (a root without symlinks), killed before its
+            # rename.
+            tmp = parse_tmp(path.name)
+            return tmp is not None and not tmp.is_lock and tmp.tag == "" and tmp.name == BEST_LINK
         manifest = read_marker(path) if stat.S_ISDIR(st.st_mode) else None
     except (ManifestError, OSError):
         return False

@@ -134,6 +134,8 @@ class AsyncCommitter(ClosesOnExit):
         self._writer = writer
         self._retain = retain
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        """Set when the thread in flight has finished its commit (its error recorded)."""
         self._step: int | None = None
         self._error: BaseException | None = None
         self._closed = False
@@ -147,7 +149,7 @@ class AsyncCommitter(ClosesOnExit):
     def pending(self) -> int | None:
         """The step being committed in the background, or None."""
         thread = self._thread
-        return self._step if thread is not None and thread.is_alive() else None
+        return self._step if thread is not None and not self._done.is_set() else None
 
     def save(
         self,
@@ -189,6 +191,7 @@ class AsyncCommitter(ClosesOnExit):
                     writer(copied, directory)
 
             self._step = step
+            self._done = threading.Event()
             self._thread = threading.Thread(
                 target=self._run,
                 args=(step, job, meta, replace_unusable),
@@ -214,7 +217,7 @@ class AsyncCommitter(ClosesOnExit):
         """Join the thread in flight, then raise (once) the error of the last commit."""
         thread = self._thread
         if thread is not None:
-            thread.join()
+            _wait_for(thread, self._done)
             self._thread = None
         error, self._error = self._error, None
         if error is not None:
@@ -224,7 +227,7 @@ class AsyncCommitter(ClosesOnExit):
     def _join_at_exit(self) -> None:
         thread = self._thread
         if thread is not None:
-            thread.join()
+            _wait_for(thread, self._done)
 
     def _run(
         self,
@@ -243,3 +246,18 @@ class AsyncCommitter(ClosesOnExit):
             log.error("background commit of step %d failed: %r", step, exc)
             self._error = exc
             self._failed(step, exc)
+        finally:
+            self._done.set()
+
+
+def _wait_for(thread: threading.Thread, done: threading.Event) -> None:
+    """Wait until ``thread`` has finished its commit (``done``), then join it.
+
+    Not ``thread.join()`` alone: on CPython before 3.13 a KeyboardInterrupt (Ctrl-C)
+    raised inside ``join()`` marks the still-running thread as stopped (bpo-45274's fix
+    releases its state lock), so interpreter exit no longer waits for it and the commit
+    in flight is cut off, its failure never reported. An interrupted ``Event.wait`` leaves
+    the thread alone; by the time ``join()`` runs, the commit is over.
+    """
+    done.wait()
+    thread.join()

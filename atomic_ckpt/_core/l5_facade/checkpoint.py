@@ -191,11 +191,11 @@ class CheckpointDir(Reading, TrainerOps):
     ) -> Commit:
         """Start a commit of ``step`` and return its handle (steps 1-2 of the protocol).
 
-        Write into ``commit.path``, then call ``commit.publish()`` (or
-        ``commit.abort()``); or use the handle as a context manager. For code that
-        cannot wrap its save in one ``with`` block; :meth:`commit` is built on it.
-        ``replace_unusable`` and ``dedup`` as for :meth:`commit` (what was deduplicated
-        is ``commit.deduped`` once published).
+        Write into ``commit.path``, then ``commit.publish()`` (or ``commit.abort()``);
+        or use it as a context manager. For code that cannot wrap its save in one
+        ``with`` block; :meth:`commit` is built on it. Until it ends, another commit of
+        ``step`` in this thread is refused unless it joins (see :meth:`commit`).
+        ``replace_unusable``, ``dedup``: as for :meth:`commit` (linked: ``commit.deduped``).
         """
         return _begin.begin(
             self._root,
@@ -260,19 +260,19 @@ class CheckpointDir(Reading, TrainerOps):
           with another value, or another retain policy, is a ValueError naming that
           commit, and aborts it like any failed joined block;
         * a join once the commit is being published, from another thread once it ended
-          (published or aborted), or in a child forked inside it, is refused
-          (CommitStateError): such a late part is never committed alone; so is one with
-          nothing open here while another process (a worker forked earlier) commits it.
+          (published or aborted), in a child forked inside it, or while another process
+          commits the step, is refused (CommitStateError): never committed alone.
 
         With no open commit, ``join=True`` commits as usual, unless ``step`` is committed
         (CommitStateError naming :meth:`amend`) or is a late part as above;
         commit without ``join`` to save the step whole. Without ``join``, a commit of a
-        step whose ``with`` block is open in this thread is refused (CommitStateError
+        step open in this thread (its ``with`` block, or a handle of :meth:`begin` this
+        thread made and has not published or aborted) is refused (CommitStateError
         naming ``join=True``). (:meth:`staging` tells whether a commit is open.)
 
         ``carry``: files or subtrees of committed checkpoints put into the staging
         directory before it is yielded, without writing them again: ``{"tokenizer/": 4,
-        "frozen.safetensors": "best"}`` maps each relative path to the step or checkpoint
+        "frozen.safetensors": "interrupted"}`` maps each relative path to the step or checkpoint
         name it comes from (see :meth:`Commit.carry <atomic_ckpt.Commit.carry>`, which
         also says how each was carried).
 

@@ -33,7 +33,6 @@ from atomic_ckpt.integrations.transformers._save import (
     _commit,
     lift_inner,
     make_inner,
-    set_best,
 )
 from atomic_ckpt.integrations.transformers._verified import (
     _VerifiedPath,
@@ -307,8 +306,18 @@ class AtomicCheckpointMixin(_Base):
         **kwargs: Any,
     ) -> Any:
         """``Trainer.push_to_hub``, leaving :data:`HUB_IGNORE_PATTERNS` out of the upload."""
+        # By keyword, and ``private`` only when given: transformers 4.x has no ``private``
+        # parameter (its **kwargs go to create_model_card, which refuses it).
+        if private is not None:
+            kwargs["private"] = private
         with _hub_uploads():
-            return super().push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
+            return super().push_to_hub(
+                commit_message=commit_message,
+                blocking=blocking,
+                token=token,
+                revision=revision,
+                **kwargs,
+            )
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """``Trainer._load_from_checkpoint``; then the mappings of what it read are released."""
@@ -387,7 +396,8 @@ class AtomicCheckpointMixin(_Base):
         """``save_total_limit`` and the best checkpoint, as Trainer counts them, through
         the library's retention (rank 0, after the commit is durable)."""
         best = self._best_step(ckpts)
-        linked = best is None or set_best(ckpts, best)  # no link: the plan below keeps it
+        if best is not None:  # (a file naming it where the filesystem makes no symlinks)
+            ckpts.set_best(best)
         limit = self._atomic_limit if self._atomic_in_train else self.args.save_total_limit
         if limit is None or limit <= 0:
             return
@@ -397,11 +407,11 @@ class AtomicCheckpointMixin(_Base):
             keep_last = max(1, limit - 1)  # the best counts toward the limit, as in Trainer
         uploading = self._atomic_uploading.steps(ckpts)
         self._atomic_deferred = False
-        if not uploading and linked:
+        if not uploading:
             ckpts.retain(keep_last=keep_last)
             return
-        # retain()'s plan (with the best kept by step where no link names it), less what
-        # a background Hub upload still reads: kept until it ends (the next rotation, or
+        # retain()'s plan (the best kept by step too), less what a background Hub upload
+        # still reads: kept until it ends (the next rotation, or
         # the end of train(), deletes it).
         keep = {*steps[-keep_last:], *([] if best is None else [best])}
         for step in steps:

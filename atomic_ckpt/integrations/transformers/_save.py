@@ -97,27 +97,3 @@ def lift_inner(staging: Path, folder: str) -> None:
     for name in sorted(os.listdir(inner)):
         _fs.rename(inner / name, staging / name)
     os.rmdir(inner)
-
-
-_warned_best: set[Path] = set()
-
-
-def set_best(ckpts: CheckpointDir, step: int) -> bool:
-    """``ckpts.set_best(step)``; False (warned once per root) where the filesystem makes no
-    symlinks, which the ``checkpoint_best`` pointer is: the caller then keeps the best
-    checkpoint itself."""
-    try:
-        ckpts.set_best(step)
-    except OSError as exc:
-        if not symlinks_refused(exc):
-            raise
-        if ckpts.root not in _warned_best:
-            _warned_best.add(ckpts.root)
-            log.warning(
-                "%s refuses symlinks: the best checkpoint (%s) is kept by rotation, but no "
-                "checkpoint_best link names it",
-                ckpts.root,
-                ckpts.path_of(step),
-            )
-        return False
-    return True

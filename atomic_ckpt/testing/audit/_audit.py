@@ -12,7 +12,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +27,14 @@ from atomic_ckpt.testing.audit._guards import check_root, check_workdir
 from atomic_ckpt.testing.audit._materialize import (
     hard_linked,
     private_dir,
+    refuse_long_paths,
     refuse_special,
     set_aside,
+    walk_tree,
 )
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
+from atomic_ckpt.testing.audit._times import before_the_run, mtimes, state_times
 from atomic_ckpt.testing.audit._trace import TraceRecorder
 
 POWER_SAMPLING = (
@@ -47,6 +50,10 @@ _CONTEXT = 4
 class _State:
     flat: _Flat
     by_model: dict[str, _Candidate] = field(default_factory=dict)
+    persisted: Collection[int] = ()
+    """The operations the state was built from (the first candidate's)."""
+    times: dict[str, int] = field(default_factory=dict)
+    """Each path's mtime (ns) when shown (:mod:`._times`)."""
 
 
 def audit(
@@ -112,6 +119,7 @@ def audit(
                 if not original.is_dir() or original.is_symlink():
                     raise AuditError(f"{path} is not a directory")
                 refuse_special(original, os.fspath(root))  # attack of main 1: a FIFO
+                refuse_long_paths(original, path)  # round 15: copied by path
                 linked = hard_linked(original)  # issue 29.6/29.12: a copy would split them
                 if linked:
                     raise CannotRebuild(
@@ -121,6 +129,7 @@ def audit(
             began = time.monotonic()
             with _judging(path):
                 recorder = TraceRecorder(path)  # the tree the workload starts from
+                started, clock = mtimes(path), time.time_ns()
             if workdir is not None:
                 recorder._start_cwd = workdir
             log = scratch / "workload.log"
@@ -133,6 +142,9 @@ def audit(
             began = time.monotonic()
             with _judging(path):
                 model, states, distinct = _replay(recorder, path, scratch / "trace", models, seed)
+                initial = before_the_run(model, started)
+                for s in states:  # round 15: mtimes in the workload's order
+                    s.times = state_times(model, s.persisted, initial, clock)
             (scratch / "trace").unlink()
             if "power" in models:  # issue 29.1: say how the power fates were sampled
                 notes.append(POWER_SAMPLING.format(seed=seed))
@@ -164,6 +176,7 @@ def audit(
                 cwd=workdir,
                 env=env,
                 show=show,
+                times=[s.times for s in states],
             )
             timings["checks"] = time.monotonic() - began
         finally:
@@ -240,25 +253,24 @@ def _judging(path: Path) -> Iterator[None]:
 
 
 def _scan(root: Path) -> dict[str, tuple[str, Data]]:
+    """The tree at ``root`` as the workload left it, read by descriptors (no path longer
+    than PATH_MAX, no symlink followed: :func:`walk_tree`)."""
     out: dict[str, tuple[str, Data]] = {}
-
-    def walk(directory: Path, rel: str) -> None:
-        for name in sorted(os.listdir(directory)):
-            full = directory / name
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel + name] = ("symlink", os.fsencode(os.readlink(full)))
-            elif stat.S_ISDIR(st.st_mode):
-                out[rel + name] = ("dir", b"")
-                walk(full, f"{rel}{name}/")
-            elif stat.S_ISREG(st.st_mode):
-                out[rel + name] = ("file", load(full))
-            else:
-                out[rel + name] = ("other", b"")
-
-    if root.is_dir() and not root.is_symlink():
-        walk(root, "")
+    if not root.is_dir() or root.is_symlink():
+        return out
+    for rel, st, at, name in walk_tree(root):
+        if stat.S_ISLNK(st.st_mode):
+            out[rel] = ("symlink", os.fsencode(os.readlink(name, dir_fd=at)))
+        elif stat.S_ISDIR(st.st_mode):
+            out[rel] = ("dir", b"")
+        elif stat.S_ISREG(st.st_mode):
+            out[rel] = ("file", load(os.open(name, _FILE, dir_fd=at)))
+        else:
+            out[rel] = ("other", b"")
     return out
+
+
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _compare(final: _Flat, root: Path, unseen: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -308,7 +320,7 @@ def _plan(
         i = index.get(key)
         if i is None:
             i = index[key] = len(states)
-            states.append(_State(flat))
+            states.append(_State(flat, persisted=c.persisted))
         states[i].by_model.setdefault(c.model, c)
         per_model[c.model].add(i)
     return states, {m: len(s) for m, s in per_model.items()}

@@ -220,6 +220,7 @@ def run_checks(
     cwd: str | None,
     env: Mapping[str, str] | None,
     show: bool,
+    times: Sequence[Mapping[str, int]] | None = None,
 ) -> dict[int, Outcome]:
     """Check the ``chosen`` states at ``root``, ``jobs`` at a time (each of several in a
     private mount namespace, its state bind-mounted over ``root``); outcome by index."""
@@ -259,7 +260,7 @@ def run_checks(
                 if not free:
                     time.sleep(0.002)
             slot = free.pop()
-            shows[slot].show(states[i])
+            shows[slot].show(states[i], times[i] if times is not None else None)
             running[slot] = (
                 start(
                     check,

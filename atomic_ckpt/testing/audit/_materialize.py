@@ -5,6 +5,7 @@ from the last one, never through a symlink), and put the original back."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -12,7 +13,7 @@ import shutil
 import signal
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -51,16 +52,64 @@ def _open_root(target: Path) -> int:
     return os.open(target, _DIR)
 
 
+PATH_MAX = 4096
+"""Linux's limit on a path passed to a system call, its terminating NUL included."""
+
+
+def walk_tree(tree: Path) -> Iterator[tuple[str, os.stat_result, int, str]]:
+    """Every entry below ``tree``, parents first, by name: (its path relative to ``tree``,
+    its ``lstat``, a descriptor of its directory, its name). Each directory is opened from
+    its parent's descriptor with ``O_NOFOLLOW``: no symlink is followed and no path longer
+    than PATH_MAX is needed (round 15); the descriptor is valid until the next item."""
+    stack: list[tuple[int, str, Iterator[str]]] = []
+    try:
+        top = os.open(tree, _DIR)
+        stack.append((top, "", iter(sorted(os.listdir(top)))))
+        while stack:
+            fd, rel, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
+                continue
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            yield rel + name, st, fd, name
+            if stat.S_ISDIR(st.st_mode):
+                sub = os.open(name, _DIR, dir_fd=fd)
+                stack.append((sub, f"{rel}{name}/", iter(sorted(os.listdir(sub)))))
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+        raise AuditError(
+            f"{tree} is nested deeper than this process may hold open directories ({exc}); "
+            f"raise the limit (ulimit -n) or audit a shallower tree; nothing was judged"
+        ) from None
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
 def hard_linked(tree: Path) -> list[str]:
     """Files under ``tree`` with more than one name (issue 29.6, 29.12): a copy would
     split them, and a name outside the tree would change them unseen; the audit refuses."""
-    found: list[str] = []
-    for folder, _, files in os.walk(tree):
-        for name in files:
-            st = os.lstat(os.path.join(folder, name))
-            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                found.append(os.path.relpath(os.path.join(folder, name), tree))
-    return sorted(found)
+    return [
+        rel for rel, st, _, _ in walk_tree(tree) if stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+    ]
+
+
+def refuse_long_paths(tree: Path, root: Path) -> None:
+    """Refuse (:class:`AuditError`) a tree one of whose paths, spelled at ``root``, is
+    PATH_MAX or longer: the audit copies and replays it by path (round 15)."""
+    base = len(os.fsencode(root)) + 1
+    for rel, _, _, _ in walk_tree(tree):
+        if base + len(os.fsencode(rel)) >= PATH_MAX:
+            raise AuditError(
+                f"{root} holds a path of {base + len(os.fsencode(rel))} bytes or more (from "
+                f"{rel[:60]}...), past PATH_MAX ({PATH_MAX}): the audit copies the directory "
+                f"by path; shorten its names or nesting, then audit again; nothing was judged"
+            )
 
 
 _SPECIAL = {
@@ -76,12 +125,10 @@ def refuse_special(tree: Path, root: str) -> None:
     directory or symlink, naming each: the crash states hold only those three, and copying
     a FIFO would block until a writer opens it (found by ``lstat`` alone: none is opened)."""
     found: list[str] = []
-    for folder, dirs, files in os.walk(tree):
-        for name in sorted(dirs + files):
-            full = os.path.join(folder, name)
-            what = _SPECIAL.get(stat.S_IFMT(os.lstat(full).st_mode))
-            if what is not None:
-                found.append(f"{os.path.relpath(full, tree)} is {what}")
+    for rel, st, _, _ in walk_tree(tree):
+        what = _SPECIAL.get(stat.S_IFMT(st.st_mode))
+        if what is not None:
+            found.append(f"{rel} is {what}")
     if found:
         more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
         raise AuditError(
@@ -107,8 +154,9 @@ class Materializer:
         self.written = 0
         """Bytes written so far (the cost of materialising)."""
 
-    def show(self, flat: _Flat) -> None:
-        """Make ``target`` hold exactly ``flat`` (paths relative to it, parents first)."""
+    def show(self, flat: _Flat, times: Mapping[str, int] | None = None) -> None:
+        """Make ``target`` hold exactly ``flat`` (paths relative to it, parents first),
+        each entry's mtime as ``times`` says (ns; one it does not name as written)."""
         want = {path: (kind, payload) for path, kind, payload in flat}
         detach_mounts(self.target)  # one a check left: never emptied through
         dirs = {"": _open_root(self.target)}
@@ -137,6 +185,18 @@ class Materializer:
         finally:
             for fd in dirs.values():
                 os.close(fd)
+        if times:
+            self._stamp(times)
+
+    def _stamp(self, times: Mapping[str, int]) -> None:
+        """Set each entry's times (an entry's own: its directory's mtime is unchanged)."""
+        for rel, _, at, name in walk_tree(self.target):
+            ns = times.get(rel)
+            shown = self._shown.get(rel)
+            if ns is None or shown is None:
+                continue
+            os.utime(name, ns=(ns, ns), dir_fd=at, follow_symlinks=False)
+            self._shown[rel] = (shown[0], shown[1], _key(os.lstat(name, dir_fd=at)))
 
     def _open_dir(self, dirs: dict[str, int], rel: str) -> int:
         parent, _, name = rel.rpartition("/")

@@ -67,13 +67,17 @@ TABLE: dict[str, tuple[str, str]] = {
     "sendfile": (
         MODELLED,
         "a copy; the source's bytes (inside the tree, or read from outside after the run: "
-        "refused if the run changes that file after the copy)",
+        "refused if the run changes that file after the copy, or maps it shared and writable)",
     ),
     "copy_file_range": (MODELLED, "as sendfile (an explicit target offset: as pwrite64)"),
     "splice": (REFUSED, "bytes from a pipe, which the trace does not dump"),
     "tee": (IGNORED, "reads a pipe into a pipe, never a file"),
     "vmsplice": (IGNORED, "memory into a pipe or a pipe read into memory, never a file"),
-    "mmap": (MODELLED, "private or read-only: nothing; shared through a writable fd: refused"),
+    "mmap": (
+        MODELLED,
+        "private or read-only: nothing; shared through a writable fd: refused (a file "
+        "outside the tree: only if the tree is copied into from it)",
+    ),
     "mremap": (REFUSED, "a moved mapping of a file in the tree"),
     "munmap": (IGNORED, "ends a mapping (one through a writable descriptor was refused)"),
     "msync": (IGNORED, "as munmap: a mapping through a writable descriptor was refused"),
@@ -93,10 +97,14 @@ TABLE: dict[str, tuple[str, str]] = {
     "mkdirat": (MODELLED, "as mkdir"),
     "mknod": (REFUSED, "a device, FIFO or socket node: the crash states hold files only"),
     "mknodat": (REFUSED, "as mknod (mkfifo is mknodat)"),
-    "rmdir": (MODELLED, "the entry removed"),
-    "unlink": (MODELLED, "the entry removed"),
+    "rmdir": (MODELLED, "as unlink"),
+    "unlink": (MODELLED, "the entry removed (one the replay never saw made: refused)"),
     "unlinkat": (MODELLED, "as unlink (AT_REMOVEDIR: rmdir)"),
-    "rename": (MODELLED, "entries moved (two operations across directories)"),
+    "rename": (
+        MODELLED,
+        "entries moved (two operations across directories; between two names of one file: "
+        "nothing, as rename(2) does)",
+    ),
     "renameat": (MODELLED, "as rename"),
     "renameat2": (MODELLED, "as rename; RENAME_EXCHANGE swaps; RENAME_WHITEOUT refused"),
     "link": (MODELLED, "a second name for the inode; from outside the tree refused"),
@@ -140,7 +148,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "io_submit": (REFUSED, "Linux AIO writes and fsyncs (libaio) are invisible to the trace"),
     "acct": (REFUSED, "process accounting appends a record to the file at each process exit"),
     "swapon": (REFUSED, "the kernel writes swapped-out memory into the file"),
-    # attributes: the crash states hold names and contents, not modes, owners or times
+    # attributes: the crash states hold names, contents and mtimes (by the ops), not modes or owners
     "chmod": (IGNORED, "permissions are not part of the crash states"),
     "fchmod": (IGNORED, "as chmod"),
     "fchmodat": (IGNORED, "as chmod"),
@@ -148,7 +156,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "fchown": (IGNORED, "as chown"),
     "fchownat": (IGNORED, "as chown"),
     "lchown": (IGNORED, "as chown"),
-    "utimensat": (IGNORED, "times are not part of the crash states"),
+    "utimensat": (
+        IGNORED,
+        "a time set by the workload is not modelled: a state shows each entry's mtime as "
+        "its last change's",
+    ),
     "setxattr": (REFUSED, "extended attributes are not part of the crash states"),
     "lsetxattr": (REFUSED, "as setxattr"),
     "fsetxattr": (REFUSED, "as setxattr"),

@@ -4,14 +4,12 @@ DDP finishes, with the whole model in place."""
 
 from __future__ import annotations
 
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
 import safetensors.torch
 from hf_launch import launch
-from packaging.version import Version
 from test_hf_push_to_hub import hub  # noqa: F401  (the Hub stand-in fixture)
 
 DEADLINE = 150.0
@@ -73,14 +71,6 @@ def test_save_model_is_collective_exactly_where_stock_is(setting: str, collectiv
     assert save_model_is_collective(trainer) is collective
 
 
-@pytest.mark.xfail(
-    Version(version("transformers")) < Version("5"),
-    reason=(
-        "fails on the oldest supported transformers (4.47): its push_to_hub rea"
-        "ches for huggingface.co past the Hub stand-in; open, CHANGELOG session 14"
-    ),
-    strict=False,
-)
 def test_push_to_hubs_local_save_on_rank0_alone_makes_no_collective(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

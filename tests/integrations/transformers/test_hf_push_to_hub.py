@@ -31,13 +31,6 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from atomic_ckpt import MARKER, TMP_INFIX, CheckpointDir  # noqa: E402
 from atomic_ckpt.integrations.transformers import AtomicTrainer  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    int(transformers.__version__.split(".")[0]) < 5,
-    reason="the Hub fakes here patch HfApi methods; transformers 4.x goes through "
-    "huggingface_hub functions bound at import (create_repo, upload_folder) of an older "
-    "huggingface_hub, which these fakes do not intercept (they would reach the network)",
-)
-
 torch.set_num_threads(1)
 
 
@@ -65,7 +58,13 @@ class Hub:
             files[op.path_in_repo] = local
         complete = CheckpointDir(self.out, prefix="checkpoint-").steps()
         self.uploads.append(Upload(kw["commit_message"], files, complete))
-        return SimpleNamespace(oid="0" * 40, commit_url="", pr_url=None)
+        return SimpleNamespace(  # the fields upload_folder copies (huggingface_hub < 1: all)
+            oid="0" * 40,
+            commit_url="",
+            pr_url=None,
+            commit_message=kw["commit_message"],
+            commit_description=kw.get("commit_description") or "",
+        )
 
     def run_now(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -87,6 +86,14 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Hub:
         HfApi, "create_repo", lambda api, repo_id, **kw: SimpleNamespace(repo_id=repo_id)
     )
     monkeypatch.setattr(HfApi, "_validate_yaml", lambda api, content, **kw: None)
+    # transformers 4.x calls huggingface_hub.create_repo, a method bound at import to the
+    # module's own HfApi (so the patch above misses it), from Trainer.__init__.
+    monkeypatch.setattr(
+        transformers.trainer,
+        "create_repo",
+        lambda repo_id, **kw: SimpleNamespace(repo_id=repo_id),
+        raising=False,
+    )
     # The one-commit path of upload_folder (the other streams through Xet; releases
     # without Xet have only this path, hence raising=False).
     monkeypatch.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False, raising=False)

@@ -20,6 +20,7 @@ from atomic_ckpt.testing.audit._syscalls import IGNORED, MODELLED, TABLE, WORKLO
 from atomic_ckpt.testing.audit._trace._data import _Data
 from atomic_ckpt.testing.audit._trace._descriptors import _Descriptors
 from atomic_ckpt.testing.audit._trace._durability import _Durability
+from atomic_ckpt.testing.audit._trace._model import canonical
 from atomic_ckpt.testing.audit._trace._names import _Names
 from atomic_ckpt.testing.audit._trace._processes import _Processes
 
@@ -57,18 +58,49 @@ class TraceRecorder(_Descriptors, _Data, _Names, _Durability, _Processes):
                     self._refuse(call, _NEVER_RETURNED, touched)
             if call.ret is None or how == IGNORED:
                 continue
+            if call.name in ("link", "linkat"):
+                self._outside_link(call)
             if self.copied_from and call.name in _CHANGES:
                 self._source_changed(call)
             self.calls += 1
             self.line, self.start = call.line, call.start
+            self.unplaced = None
             getattr(self, "_sys_" + call.name)(call)
+            if self.unplaced is not None and call.name in _CHANGES:
+                self._refuse(call, _UNPLACED.format(self.unplaced), self._touched(call))
         self._flush()
+
+    def _outside_link(self, call: Call) -> None:
+        """A hard link between two names outside the tree: either names the file a copy
+        in may read from (round 15: a change through the other name, gone by the end of
+        the run, was unseen)."""
+        at = 0 if call.name == "link" else 1
+        if len(call.args) < at * 2 + 2:
+            return
+        dirs = (None, None) if at == 0 else (call.args[0], call.args[2])
+        old, new = (
+            canonical(self._absolute(call.tid, d, unescape(call.args[i])))
+            for d, i in zip(dirs, (at, at * 2 + 1), strict=True)
+        )
+        if self._rel(old) is None and self._rel(new) is None:
+            names = self.outside_names.get(old) or self.outside_names.get(new) or set()
+            names |= {old, new}
+            for name in names:
+                self.outside_names[name] = names
 
     def _source_changed(self, call: Call) -> None:
         """A change to a file outside the tree that an earlier copy read from: that copy's
         bytes, read after the run, are not the ones it copied (round 13, defect 3)."""
         for path in _changed_paths(self, call):
-            line = self.copied_from.pop(os.path.normpath(path), None)
+            names = self.outside_names.get(canonical(path), {canonical(path)})
+            lines = [self.copied_from.pop(name, None) for name in names]
+            line = next((n for n in lines if n is not None), None)
+            if line is None:  # another name of it (a hard link): the same inode now
+                try:
+                    st = os.stat(path)
+                except (OSError, ValueError):
+                    continue
+                line = self.copied_from.pop(self.copied_ids.get((st.st_dev, st.st_ino), ""), None)
             if line is not None:
                 self._refuse(
                     call,
@@ -121,6 +153,10 @@ _CHANGES = frozenset(
 )
 """The modelled calls that change a file or a name (a sync that never returned is taken
 as not made: the pessimistic side)."""
+_UNPLACED = (
+    "a path relative to {} (strace prints no path longer than PATH_MAX), so where it "
+    "changed what cannot be told; keep the tree's paths under PATH_MAX (4096 bytes)"
+)
 _NEVER_RETURNED = (
     "it never returned (its process was ended inside it, by a signal or another thread's "
     "execve), so whether and how much of it took effect cannot be told; let the process "

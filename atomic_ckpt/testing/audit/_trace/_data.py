@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 
 from atomic_ckpt.testing._sparse import read
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg
-from atomic_ckpt.testing.audit._trace._model import _Open, _Replay
+from atomic_ckpt.testing.audit._trace._model import _Open, _Replay, canonical
 
 _FALLOC_KEEP_SIZE, _FALLOC_PUNCH_HOLE, _FALLOC_ZERO_RANGE = 0x1, 0x2, 0x10
 _MAP_SHARED = 0x1  # MAP_SHARED_VALIDATE (0x3) included
@@ -201,6 +203,12 @@ class _Data(_Replay):
         """A copy from a file outside the tree (shutil.copy's sendfile): its bytes are read
         from that file now, right after the run; the final-tree check catches a change."""
         assert source.outside is not None
+        mapped = self.mapped_outside.get(canonical(source.outside))
+        if mapped is not None:
+            self._refuse(
+                call, _MAPPED.format(source.outside, f"at trace line {mapped}"), target.path
+            )
+            return
         given = re.match(r"\[(\d+)\]", offset)
         start = int(given[1]) if given is not None else source.pos
         if given is None and source.pos >= 0:
@@ -215,7 +223,11 @@ class _Data(_Replay):
         if start < 0 or len(call.data) != call.ret:
             self._refuse(call, f"the source {source.outside} changed after the copy", target.path)
             return
-        self.copied_from[source.outside] = call.line
+        key = canonical(source.outside)
+        self.copied_from[key] = call.line
+        with contextlib.suppress(OSError):
+            st = os.stat(source.outside)
+            self.copied_ids[(st.st_dev, st.st_ino)] = key
         self._written(call, target, at)
 
     def _sys_sendfile(self, call: Call) -> None:
@@ -275,6 +287,8 @@ class _Data(_Replay):
         if not flags & _MAP_SHARED or fd < 0:
             return  # private or anonymous: stores never reach a file
         opened = self._file(call, 4)
+        if opened is not None and opened.outside is not None and opened.writable:
+            self._mapped_outside(call, opened.outside)
         if opened is None or opened.inode is None or not opened.writable:
             return
         if self.inodes[opened.inode].kind != "file":
@@ -288,3 +302,23 @@ class _Data(_Replay):
         )
 
     _sys_mmap2 = _sys_mmap
+
+    def _mapped_outside(self, call: Call, path: str) -> None:
+        """A file outside the tree mapped shared and writable: a copy from it into the tree
+        (its bytes read after the run) is refused, before or after the mapping (round 15:
+        stores through it change those bytes with no system call to see)."""
+        path = canonical(path)
+        self.mapped_outside.setdefault(path, call.line)
+        copied = self.copied_from.get(path)
+        if copied is not None:
+            self._refuse(
+                call, _MAPPED.format(path, f"after a copy from it (trace line {copied})"), path
+            )
+
+
+_MAPPED = (
+    "{} is mapped shared through a descriptor open for writing ({}), and copied into the "
+    "tree: its bytes are read after the run, and stores through the mapping (no system "
+    "call) may have changed them since the copy; copy from a file that is not mapped "
+    "writable (or write the bytes with write())"
+)

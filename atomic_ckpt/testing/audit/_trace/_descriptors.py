@@ -30,7 +30,8 @@ class _Descriptors(_Replay):
         if rel is None:  # outside the root (or a decoration strace could not give)
             rel = self._rel(self._absolute(call.tid, dirfd, unescape(path_arg)))
         if rel is None:
-            opened = _Open(None, "", outside=call.ret_path, writable=False)
+            writable = flags >= 0 and flags & os.O_ACCMODE != os.O_RDONLY
+            opened = _Open(None, "", outside=call.ret_path, writable=writable)
             self._table(call.tid).put(fd, opened, cloexec=bool(flags & os.O_CLOEXEC))
             return
         inode: int | None = _UNIVERSE if rel == "" else None

@@ -15,7 +15,17 @@ from atomic_ckpt.testing._sparse import Buffer, Data, cut, freeze, put, text, th
 from atomic_ckpt.testing._writes import coalesce, replay
 from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, unescape
 
+UNPLACED = "/(a descriptor the replay cannot place) "
+"""The base of a path relative to a descriptor the replay cannot place (no directory of
+that name is ever in a tree): a change made through one is refused."""
 _PROC_ALIAS = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/(cwd|root|fd/\d+)(/|$)")
+
+
+def canonical(path: str) -> str:
+    """``path`` with its directory resolved through symlinks (as it is after the run): one
+    spelling for a file outside the tree, whichever way the workload reached it."""
+    head, tail = os.path.split(os.path.normpath(path))
+    return os.path.join(os.path.realpath(head), tail)
 
 
 @dataclass
@@ -93,10 +103,20 @@ class _Replay(_Mirror):
         self.copied_from: dict[str, int] = {}
         """Files outside the tree copied in (sendfile, copy_file_range), their bytes read
         after the run: the trace line of the last copy from each."""
+        self.outside_names: dict[str, set[str]] = {}
+        """Names outside the tree that a hard link made the same file's: each name's set."""
+        self.copied_ids: dict[tuple[int, int], str] = {}
+        """The (device, inode) of each file in :attr:`copied_from`, after the run."""
+        self.mapped_outside: dict[str, int] = {}
+        """Files outside the tree mapped shared through a descriptor open for writing: the
+        trace line of the mapping (a copy from one is refused: round 15)."""
         self.refusals: list[tuple[str, str]] = []
         """Calls the replay cannot model exactly: (path or call, why); the audit refuses."""
         self.line = self.start = 0
         """The trace line of the call being replayed, and the line it began on."""
+        self.unplaced: str | None = None
+        """The descriptor a path of the call being replayed is relative to, when the
+        replay cannot place it (:meth:`_bare`); a change it makes is refused."""
         self.journal_dirty: dict[int, bool] = {}
         """Inodes changed since the last journal commit: True when the change is one an
         fdatasync commits too (a size change, a new name), False for an fsync's only."""
@@ -206,9 +226,43 @@ class _Replay(_Mirror):
             if fd == AT_FDCWD and decoration is not None:
                 self._cwd(tid)[0] = decoration
             base = decoration
+            if base is None and fd >= 0:
+                base = self._bare(tid, fd)
         if base is None:
             base = self._cwd(tid)[0]
+        if base.startswith(UNPLACED):
+            self.unplaced = base[len(UNPLACED) :]
         return os.path.join(base, path)
+
+    def _bare(self, tid: int, fd: int) -> str:
+        """Where descriptor ``fd`` points when strace printed it bare (it gives no path
+        longer than PATH_MAX): the directory its table entry opened, by its name now (it
+        may have been renamed since); outside the tree if the entry is outside; else a
+        base under :data:`UNPLACED`, whose changes the replay refuses (round 15)."""
+        opened = self._table(tid).get(fd)
+        if opened is not None and opened.inode is None:
+            return f"{UNPLACED}descriptor {fd}, outside the tree but with no path"
+        rel = None if opened is None else self._path_of(opened.inode)
+        if rel is None:
+            return f"{UNPLACED}descriptor {fd}, which the trace never saw opened"
+        return os.path.join(self.root_real, rel) if rel else self.root_real
+
+    def _path_of(self, inode: int | None) -> str | None:
+        """The path below the root a directory ``inode`` has now (a directory has one
+        name); None when no name leads to it."""
+        if inode == _UNIVERSE:
+            return ""
+        todo = [(_UNIVERSE, "")]
+        while todo:
+            at, rel = todo.pop()
+            for name, child in self.inodes[at].entries.items():
+                if self.inodes[child].kind != "dir":
+                    continue
+                path = f"{rel}{name}"
+                if child == inode:
+                    return path
+                todo.append((child, path + "/"))
+        return None
 
     def _walk(
         self, rel: str, *, follow: bool, depth: int = 0
@@ -366,6 +420,8 @@ class _Replay(_Mirror):
         if opened is not None:
             return opened
         if rel is None:
+            if decoration is None and fd >= 0:  # bare: its path is longer than PATH_MAX
+                self.unplaced = f"descriptor {fd}, which the trace never saw opened"
             return None
         # a descriptor opened before the trace knew this thread's table: find it by path
         found = self._walk(rel, follow=False) if rel else (0, "", _UNIVERSE)

@@ -58,9 +58,12 @@ class _Names(_Replay):
         if self._is_root(call, dirfd, path):
             return
         where = self._where(call, dirfd, path)
-        if where is None or where[2] is None:
+        if where is None:
             return
-        parent, name, _, rel = where
+        parent, name, inode, rel = where
+        if inode is None:  # it succeeded, so the name was there: the replay went astray
+            self._refuse(call, f"{rel} was removed, but the replay never saw it made", rel)
+            return
         self._op("entry", parent, f"{call.name} {rel}", ((name, None),))
 
     def _sys_unlink(self, call: Call) -> None:
@@ -99,6 +102,8 @@ class _Names(_Replay):
             return
         (sp, sn, _, srel), (dp, dn, other, drel) = src, dst
         moved = src[2]
+        if other == moved:  # two names of one file (or one name): rename(2) does nothing
+            return
         desc = f"{verb} {srel} {'<->' if flags & _RENAME_EXCHANGE else '->'} {drel}"
         self._inode_names[moved] = drel
         if flags & _RENAME_EXCHANGE:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from atomic_ckpt.testing.audit._strace import Call, fd_arg, int_arg, unescape
-from atomic_ckpt.testing.audit._trace._model import _Replay, _Table
+from atomic_ckpt.testing.audit._trace._model import UNPLACED, _Replay, _Table
 
 _CLONE_FS = 0x200
 _CLONE_FILES = 0x400
@@ -62,14 +62,14 @@ class _Processes(_Replay):
     _sys_vfork = _sys_fork
 
     def _sys_chdir(self, call: Call) -> None:
-        self._cwd(call.tid)[0] = os.path.normpath(
-            self._absolute(call.tid, None, unescape(call.args[0]))
-        )
+        path = unescape(call.args[0])
+        if self._cwd(call.tid)[0].startswith(UNPLACED) and not os.path.isabs(path):
+            return  # still somewhere the replay cannot place ("..": not "/")
+        self._cwd(call.tid)[0] = os.path.normpath(self._absolute(call.tid, None, path))
 
     def _sys_fchdir(self, call: Call) -> None:
-        decoration = fd_arg(call.args[0])[1]
-        if decoration is not None:
-            self._cwd(call.tid)[0] = decoration
+        fd, decoration = fd_arg(call.args[0])
+        self._cwd(call.tid)[0] = decoration or self._bare(call.tid, fd)
 
     def _sys_unshare(self, call: Call) -> None:
         """CLONE_FILES gives the calling thread a copy of its descriptor table, CLONE_FS
