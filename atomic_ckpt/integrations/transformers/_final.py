@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from atomic_ckpt._core.l1_names.errors import wrap_os_error
+from atomic_ckpt._core.l1_names.errors import disk_full, wrap_os_error
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.integrations.transformers._resume import (
     _barrier,
@@ -46,7 +46,34 @@ def _final_save(
     the rename that puts it in place: a kill at any point leaves nothing outside it, and
     the next start's ``clean()`` removes it (an ``atomic_write`` beside each target left a
     ``.<name>.tmp-<hex>`` no clean could tell from another process's live write); so does
-    the next final save into the same directory, which need not be ``output_dir``."""
+    the next final save into the same directory, which need not be ``output_dir``. A full
+    disk (or quota) is a :class:`~atomic_ckpt.DiskFullError`, as in a commit."""
+    with (
+        _disk_full_said(output_dir),
+        _staged(output_dir, durable=durable, collective=collective, weights=weights) as at,
+    ):
+        yield at
+
+
+@contextlib.contextmanager
+def _disk_full_said(output_dir: str) -> Iterator[None]:
+    """ENOSPC or EDQUOT met in the block (the caller's writes, the staging, the moves)
+    raised as the :class:`~atomic_ckpt.DiskFullError` a commit raises, saying what to do,
+    from the original error (and with its notes: a cleanup failure stays visible)."""
+    try:
+        yield
+    except OSError as exc:
+        full = disk_full(exc, Path(output_dir), f"the final save into {output_dir}")
+        if full is None:
+            raise
+        for note in getattr(exc, "__notes__", ()):
+            full.add_note(note)
+        raise full from exc
+
+
+@contextlib.contextmanager
+def _staged(output_dir: str, *, durable: bool, collective: bool, weights: bool) -> Iterator[str]:
+    """:func:`_final_save` but for its errors' wording."""
     handle = None
     if _rank() == 0:
         ckpts = _checkpoints(output_dir, durable=durable)

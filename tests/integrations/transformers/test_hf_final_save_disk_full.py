@@ -31,11 +31,6 @@ def _half_then_full(self: Any, output_dir: str | None = None, _internal_call: bo
     _full()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ENOSPC inside the final save_model is raised as a bare OSError, not the "
-    "DiskFullError (with what to do) that a checkpoint commit raises",
-)
 def test_a_full_disk_in_the_final_save_model_raises_disk_full_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -51,10 +46,6 @@ def test_a_full_disk_in_the_final_save_model_raises_disk_full_error(
     assert not [p for p in os.listdir(out) if ".tmp-" in p]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ENOSPC inside the final save_state is raised as a bare OSError, not DiskFullError",
-)
 def test_a_full_disk_in_save_state_raises_disk_full_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,10 +58,6 @@ def test_a_full_disk_in_save_state_raises_disk_full_error(
         trainer.save_state()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ENOSPC inside save_metrics is raised as a bare OSError, not DiskFullError",
-)
 def test_a_full_disk_in_save_metrics_raises_disk_full_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
