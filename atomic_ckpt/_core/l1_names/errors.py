@@ -154,6 +154,13 @@ def _rebuild_symlinks(
     return SymlinksUnsupportedError(message, path=path, step=step, code=code)
 
 
+class InsideCheckpointError(CheckpointError, ValueError):
+    """A save aimed at a committed checkpoint (``path``), or at a directory inside one,
+    which a save would change in place. A committed checkpoint is never changed in place:
+    save to another directory, or make the change a new commit of that step
+    (:meth:`CheckpointDir.amend <atomic_ckpt.CheckpointDir.amend>`)."""
+
+
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
 
