@@ -12,11 +12,6 @@ from _emulators import AZURITE_ACCOUNT, Emulator
 from atomic_ckpt.remote import RemoteCheckpointDir
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="account_name beside connection_string discards the connection string: "
-    "'no Azure credentials: pass ... connection_string'",
-)
 def test_a_connection_string_with_an_account_name_beside_it_is_used(
     az_server: Emulator, tmp_path: Path
 ) -> None:
@@ -30,3 +25,16 @@ def test_a_connection_string_with_an_account_name_beside_it_is_used(
     with rdir.commit(1) as path:
         (path / "w.bin").write_bytes(b"w" * 100)
     assert rdir.steps() == [1]
+
+
+def test_an_account_name_contradicting_the_connection_string_is_a_value_error(
+    az_server: Emulator, tmp_path: Path
+) -> None:
+    """An account_name other than the connection string's AccountName is refused by name."""
+    options = {"connection_string": az_server.connection_string(), "account_name": "other"}
+    with pytest.raises(ValueError, match="account_name 'other' is not the connection string"):
+        RemoteCheckpointDir(
+            f"az://{az_server.new_bucket()}/run",
+            storage_options=options,
+            staging_dir=tmp_path / "staging",
+        ).steps()

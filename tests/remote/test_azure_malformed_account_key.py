@@ -27,10 +27,6 @@ def _options(az_server: Emulator, form: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a non-base64 Azure account key crashes _denied with AttributeError (no error_code)",
-)
 @pytest.mark.parametrize("form", ["account_key", "connection_string"])
 def test_a_malformed_account_key_is_a_permission_error(
     az_server: Emulator, tmp_path: Path, form: str
@@ -45,10 +41,6 @@ def test_a_malformed_account_key_is_a_permission_error(
         rdir.steps()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a non-base64 Azure account key makes the CLI die with a traceback, not exit 2",
-)
 @pytest.mark.parametrize("command", ["ls", "latest", "clean"])
 def test_the_cli_exits_2_in_one_line_on_a_malformed_account_key(
     az_server: Emulator, capsys: pytest.CaptureFixture[str], command: str
