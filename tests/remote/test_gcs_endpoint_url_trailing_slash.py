@@ -12,10 +12,6 @@ from _emulators import Emulator
 from atomic_ckpt.remote import NoSuchBucketError, RemoteCheckpointDir
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gs:// endpoint_url with a trailing '/' reports an existing bucket as missing",
-)
 def test_an_endpoint_url_with_a_trailing_slash_reaches_the_bucket(
     gs_server: Emulator, tmp_path: Path
 ) -> None:
@@ -37,3 +33,28 @@ def test_an_endpoint_url_with_a_trailing_slash_reaches_the_bucket(
         assert "endpoint_url" in refused
     else:
         assert rdir.steps() == [1]
+
+
+def test_storage_emulator_host_with_a_trailing_slash_reaches_the_bucket(
+    gs_server: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """STORAGE_EMULATOR_HOST written as http://host:port/ reaches the bucket as well."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gs_server.endpoint + "/")
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    rdir = RemoteCheckpointDir(f"gs://{gs_server.new_bucket()}/run", staging_dir=tmp_path / "s")
+    with rdir.commit(1) as path:
+        (path / "w.bin").write_bytes(b"w" * 100)
+    assert rdir.steps() == [1]
+
+
+@pytest.mark.parametrize("tail", ["/gcs", "/storage/v1", "/?x=1"])
+def test_an_endpoint_url_with_a_path_is_refused_by_name(
+    gs_server: Emulator, tmp_path: Path, tail: str
+) -> None:
+    """A path (or query) after the host is a ValueError naming endpoint_url, before any request."""
+    with pytest.raises(ValueError, match=r"endpoint_url .* has a path: .* give it as http://"):
+        RemoteCheckpointDir(
+            f"gs://{gs_server.new_bucket()}/run",
+            storage_options={"endpoint_url": gs_server.endpoint + tail},
+            staging_dir=tmp_path / "staging",
+        ).steps()
