@@ -291,8 +291,7 @@ class AzureStore(Store):
             )
         code = getattr(err, "error_code", None)
         return PermissionError(
-            f"{self.url}: {what}: access denied ({status} "
-            f"{getattr(code, 'value', code)}): {check}"
+            f"{self.url}: {what}: access denied ({status} {getattr(code, 'value', code)}): {check}"
         )
 
     # ------------------------------------------------------------ the commit point
