@@ -64,15 +64,18 @@ class Mirror(ClosesOnExit):
         ...
         mirror.close()                      # waits for the last upload, raises its error
 
-    After each local commit the checkpoint is snapshotted (hard links, or copies
-    across filesystems, in ``snapshot_dir``: default the remote's staging
-    directory) so local pruning cannot pull files from under the upload, and
-    queued. One upload runs at a time; a step queued while an older one still
-    waits replaces it (the remote gets the newest). The remote only ever shows
-    complete steps: each upload is an ordinary remote commit. A failed upload is
-    raised by the next ``commit``, ``mirror``, ``wait`` or ``close`` (before any new
-    work starts); one that nothing raised makes the process exit with status 1,
-    naming the step the remote lacks. ``retain`` is applied to the remote after each upload.
+    After each local commit the checkpoint is snapshotted (hard links, or copies across
+    filesystems, in ``snapshot_dir``: default the remote's staging directory) so local
+    pruning cannot pull files from under the upload, and queued. A step another writer
+    replaces during the snapshot is snapshotted again (never uploaded as a mix of two
+    saves; after 3 tries, a ``CheckpointError`` that is also a ``RuntimeError``); one
+    deleted meanwhile is ``CheckpointNotFoundError``. One upload runs at a time; a step
+    queued while an older one still waits replaces it (the remote gets the newest). The
+    remote only ever shows complete steps: each upload is an ordinary remote commit. A
+    failed upload is raised by the next ``commit``, ``mirror``, ``wait`` or ``close``
+    (before any new work starts); one that nothing raised makes the process exit with
+    status 1, naming the step the remote lacks. ``retain`` is applied to the remote
+    after each upload.
 
     An upload over a remote step that holds a checkpoint this release must not lose (a
     newer release's, or one copied there from another step) is refused, as a remote
