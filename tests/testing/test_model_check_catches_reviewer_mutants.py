@@ -1,0 +1,204 @@
+"""An outside review of the model check (issue 31): plausible library bugs put back by
+monkeypatch, which the default run must catch; the linearizability check fed histories no
+order explains; the totals it prints. Each test here fails for a gap the review found."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from unittest import mock
+
+import pytest
+from model_cli import CLI_ACTIONS
+
+from atomic_ckpt import RetentionPolicy
+from atomic_ckpt._core.l4_protocol import delete as _delete
+from atomic_ckpt._core.l4_protocol import joining as _joining
+from atomic_ckpt.testing.actions import Action
+from atomic_ckpt.testing.alphabet import ROOTS, Root, by_name
+from atomic_ckpt.testing.histories import Call, check_history
+from atomic_ckpt.testing.model import Refused, RootModel
+from atomic_ckpt.testing.mutants import KILLED_BY, KILLED_UNDER, api_mutant
+from atomic_ckpt.testing.sequences import check_sequence, default_run
+
+ROOT = {r.name: r for r in ROOTS}
+STEP_CONFLICT = ("StepConflictError", "CheckpointError", "Exception", "BaseException", "object")
+
+
+def _start(root: Root) -> RootModel:
+    model = RootModel(prefix=root.prefix)
+    for a in root.setup:
+        a.apply(model)
+    return model
+
+
+def _default_sequences(
+    keep: Callable[[Root, tuple[Action, ...]], bool],
+) -> list[tuple[Root, tuple[Action, ...]]]:
+    return [(r, s) for r, s in default_run(extra=CLI_ACTIONS) if keep(r, s)]
+
+
+def _first_failure(todo: list[tuple[Root, tuple[Action, ...]]]) -> str | None:
+    for root, seq in todo:
+        outcome = check_sequence(root, seq)
+        if not outcome.ok:
+            return str(outcome)
+    return None
+
+
+# ---- the linearizability check
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="check_history treats StepConflictError from any action as a no-op, even alone",
+)
+@pytest.mark.parametrize("action", ["commit_new", "prune", "delete_step"])
+def test_a_step_conflict_no_concurrent_call_explains_is_not_linearizable(action: str) -> None:
+    """One process alone, its call refused with StepConflictError where the model succeeds."""
+    start = _start(ROOT["two"])
+    calls = [Call(0, action, 0, 10, STEP_CONFLICT)]
+    assert check_history(start, calls, start.observation()) is not None
+
+
+# ---- the review defects' own mutants
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="since 50304ac refuse_nested falls back to _opener: the mutant is stale",
+)
+def test_the_distributed_nested_mutant_is_still_caught() -> None:
+    """distributed_nested_not_refused put back fails its KILLED_BY sequence."""
+    root, seq = KILLED_BY["distributed_nested_not_refused"]
+    models = KILLED_UNDER.get("distributed_nested_not_refused", ("kill", "power"))
+    with api_mutant("distributed_nested_not_refused"):
+        outcome = check_sequence(ROOT[root], tuple(by_name(a) for a in seq), models=models)
+    assert not outcome.ok, str(outcome)
+
+
+# ---- the reviewer's mutants
+
+
+@contextlib.contextmanager
+def _retention_leaves_aliases() -> Iterator[None]:
+    """retain() (and prune(), commit(retain=)) deletes steps but leaves their aliases."""
+    real_move, real_retain = _delete.move_aside, _delete.retain
+
+    def move_aside(root, paths, *, unlinked=False):  # type: ignore[no-untyped-def]
+        with mock.patch.object(_delete, "remove_aliases", return_value=[]):
+            return real_move(root, paths, unlinked=unlinked)
+
+    def retain(root, policy):  # type: ignore[no-untyped-def]
+        with mock.patch.object(_delete, "move_aside", move_aside):
+            return real_retain(root, policy)
+
+    with mock.patch.object(_delete, "retain", retain):
+        yield
+
+
+def _deletes_an_aliased_step(root: Root, seq: tuple[Action, ...]) -> bool:
+    """The model of the sequence: its last action deletes a step that has an alias."""
+    model = _start(root)
+    for a in seq[:-1]:
+        after = model.copy()
+        with contextlib.suppress(Refused):
+            a.apply(after)
+            model = after
+    after = model.copy()
+    try:
+        seq[-1].apply(after)
+    except Refused:
+        return False
+    gone = set(model.steps) - set(after.steps)
+    return any(t[0] == "step" and t[1] in gone for t in model.aliases.values())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no default sequence has a retention delete a step with an alias: the mutant survives",
+)
+def test_the_default_run_catches_a_retention_that_leaves_aliases() -> None:
+    """A retention that deletes a step but not its aliases fails a default-run sequence."""
+    todo = [
+        (r, s)
+        for r, s in _default_sequences(lambda r, s: "prune" in s[-1].name or "retain" in s[-1].name)
+        if _deletes_an_aliased_step(r, s)
+    ]
+    assert todo, "no sequence of the default run has a retention delete an aliased step"
+    with _retention_leaves_aliases():
+        assert _first_failure(todo) is not None
+
+
+def _merge(*, or_replace: bool = True, check_retain: bool = True) -> Callable[..., None]:
+    real = _joining.merge_options
+
+    def merge_options(commit, *, retain=None, replace_aliases=False, **options):  # type: ignore[no-untyped-def]
+        if not check_retain and retain is not None:
+            commit.retain = None  # the commit's own policy forgotten: the part's wins
+        real(commit, retain=retain, replace_aliases=replace_aliases and or_replace, **options)
+
+    return merge_options
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no action joins a block with replace_aliases=True: a part's flag dropped survives",
+)
+def test_the_default_run_catches_a_joined_replace_aliases_dropped() -> None:
+    """A joined block's replace_aliases=True not merged fails a default-run sequence."""
+    todo = _default_sequences(lambda r, s: any("join" in a.name for a in s))
+    with mock.patch.object(_joining, "merge_options", _merge(or_replace=False)):
+        assert _first_failure(todo) is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no action joins a block whose retain= contradicts the commit's: the check can go",
+)
+def test_the_default_run_catches_a_joined_retain_conflict_not_refused() -> None:
+    """A joined block's retain= contradicting the commit's, accepted, fails a sequence."""
+    todo = _default_sequences(lambda r, s: any("join" in a.name for a in s))
+    with mock.patch.object(_joining, "merge_options", _merge(check_retain=False)):
+        assert _first_failure(todo) is not None
+
+
+def test_the_joined_merge_mutants_do_change_behaviour(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The two merge mutants above are real bugs: each changes what a commit does."""
+    from atomic_ckpt import CheckpointDir
+
+    c = CheckpointDir(tmp_path / "ck")
+    with c.commit(2, aliases=["a"]) as p:
+        (p / "f").write_bytes(b"x")
+    with (
+        mock.patch.object(_joining, "merge_options", _merge(or_replace=False)),
+        c.commit(2) as p,
+    ):
+        (p / "f").write_bytes(b"y")
+        with c.commit(2, join=True, aliases=["b"], replace_aliases=True) as q:
+            (q / "g").write_bytes(b"z")
+    assert (c.root / "a").is_symlink()  # the bug: the older save's alias stays
+    with (
+        mock.patch.object(_joining, "merge_options", _merge(check_retain=False)),
+        c.commit(3, retain=RetentionPolicy.last(2)) as p,
+    ):
+        (p / "f").write_bytes(b"x")
+        with c.commit(3, join=True, retain=RetentionPolicy.last(1)) as q:
+            (q / "g").write_bytes(b"z")
+    assert c.steps() == [3]  # the bug: no ValueError, the part's policy won
+
+
+# ---- the totals
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="benchmarks/model_check.py sums seq-1 under kill/power and again under subset",
+)
+def test_a_crash_state_checked_under_two_runs_is_counted_once() -> None:
+    """The benchmark's way of counting distinct states (kill/power, then subset) is the union."""
+    root, seq = ROOT["two"], (by_name("commit_replace"),)
+    kp = check_sequence(root, seq, models=("kill", "power")).states_checked
+    subset = check_sequence(root, seq, models=("subset",)).states_checked
+    union = check_sequence(root, seq, models=("kill", "power", "subset")).states_checked
+    assert kp + subset == union, (kp, subset, union)
