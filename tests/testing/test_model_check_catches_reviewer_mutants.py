@@ -202,3 +202,102 @@ def test_a_crash_state_checked_under_two_runs_is_counted_once() -> None:
     subset = check_sequence(root, seq, models=("subset",)).states_checked
     union = check_sequence(root, seq, models=("kill", "power", "subset")).states_checked
     assert kp + subset == union, (kp, subset, union)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no action gives an alias a name a real entry holds: publish-then-IsADirectoryError",
+)
+def test_the_default_run_catches_an_alias_name_taken_not_checked() -> None:
+    """commit(aliases=) not checking the name is free publishes, then raises a raw OSError."""
+    todo = _default_sequences(lambda r, s: any("alias" in a.name for a in s))
+    with mock.patch.object(_delete, "check_aliases_free", return_value=None):
+        assert _first_failure(todo) is not None
+
+
+def test_the_alias_name_mutant_does_change_behaviour(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With the check gone, an alias named like a named checkpoint fails after publishing."""
+    from atomic_ckpt import CheckpointDir
+
+    c = CheckpointDir(tmp_path / "ck")
+    with c.commit_named("interrupted") as p:
+        (p / "f").write_bytes(b"x")
+    with (
+        mock.patch.object(_delete, "check_aliases_free", return_value=None),
+        pytest.raises(IsADirectoryError),
+        c.commit(3, aliases=["interrupted"]) as p,
+    ):
+        (p / "f").write_bytes(b"y")
+    assert c.steps() == [3]  # published, then the raw error
+
+
+@contextlib.contextmanager
+def _adopt_without_file_fsync() -> Iterator[None]:
+    """mark_complete writes its marker without fsyncing the directory's files first."""
+    from atomic_ckpt._core.l4_protocol import adopt as _adopt
+    from atomic_ckpt.testing.mutants import mutant
+
+    real = _adopt.sync_tree
+
+    def sync_tree(path, *, policy, **kw):  # type: ignore[no-untyped-def]
+        return real(path, policy=mutant("file"), **kw)
+
+    with mock.patch.object(_adopt, "sync_tree", sync_tree):
+        yield
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="mark_complete actions adopt only a directory setup made durable: its fsyncs untested",
+)
+def test_the_default_run_catches_mark_complete_without_file_fsyncs() -> None:
+    """mark_complete without fsyncing the files it adopts fails a default-run sequence."""
+    todo = _default_sequences(lambda r, s: any("mark" in a.name for a in s))
+    with _adopt_without_file_fsync():
+        assert _first_failure(todo) is not None
+
+
+def _unlink_then_symlink(target: str, link, tmp) -> None:  # type: ignore[no-untyped-def]
+    """A non-atomic re-point: a kill between the two calls leaves no link at all."""
+    import os
+
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(target, link)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the recorder diffs unhooked calls between hooked ones: unlink+symlink looks atomic",
+)
+def test_the_default_run_catches_a_link_replaced_by_unlink_then_symlink() -> None:
+    """set_best / aliases re-pointed by unlink then symlink (a window with no link) is caught."""
+    from atomic_ckpt._core.l2_syscalls import fs as _fs
+
+    todo = _default_sequences(lambda r, s: any(k in a.name for a in s for k in ("best", "alias")))
+    with mock.patch.object(_fs, "symlink_replace", _unlink_then_symlink):
+        assert _first_failure(todo) is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the model check always replaces by RENAME_EXCHANGE: the fallback's window is never hit",
+)
+def test_the_default_run_catches_asides_never_restored() -> None:
+    """clean() and the next commit not renaming the fallback's old copy back is caught."""
+    from atomic_ckpt._core.l4_protocol import repair as _repair
+
+    todo = _default_sequences(lambda r, s: any("replace" in a.name for a in s))
+    with mock.patch.object(_repair, "is_restorable", return_value=False):
+        assert _first_failure(todo) is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no default sequence leaves clean() anything to remove or restore: its work uncrashed",
+)
+def test_some_clean_action_of_the_default_run_has_work_to_do() -> None:
+    """A clean action of the default run removes or restores something (more than one op)."""
+    todo = _default_sequences(lambda r, s: "clean" in s[-1].name and "commit" not in s[-1].name)
+    assert todo
+    assert max(check_sequence(r, s).operations for r, s in todo) > 1
