@@ -64,10 +64,6 @@ def test_a_step_conflict_no_concurrent_call_explains_is_not_linearizable(action:
 # ---- the review defects' own mutants
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="since 50304ac refuse_nested falls back to _opener: the mutant is stale",
-)
 def test_the_distributed_nested_mutant_is_still_caught() -> None:
     """distributed_nested_not_refused put back fails its KILLED_BY sequence."""
     root, seq = KILLED_BY["distributed_nested_not_refused"]
