@@ -282,10 +282,6 @@ def _unlink_then_symlink(target: str, link, tmp) -> None:  # type: ignore[no-unt
     os.symlink(target, link)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the recorder diffs unhooked calls between hooked ones: unlink+symlink looks atomic",
-)
 def test_the_default_run_catches_a_link_replaced_by_unlink_then_symlink() -> None:
     """set_best / aliases re-pointed by unlink then symlink (a window with no link) is caught."""
     from atomic_ckpt._core.l2_syscalls import fs as _fs
