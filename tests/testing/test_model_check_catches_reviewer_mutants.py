@@ -220,10 +220,6 @@ def test_a_crash_state_checked_under_two_runs_is_counted_once() -> None:
     assert kp + subset == union, (kp, subset, union)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no action gives an alias a name a real entry holds: publish-then-IsADirectoryError",
-)
 def test_the_default_run_catches_an_alias_name_taken_not_checked() -> None:
     """commit(aliases=) not checking the name is free publishes, then raises a raw OSError."""
     todo = _default_sequences(lambda r, s: any("alias" in a.name for a in s))
