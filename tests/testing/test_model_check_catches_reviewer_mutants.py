@@ -207,17 +207,37 @@ def test_the_joined_merge_mutants_do_change_behaviour(tmp_path) -> None:  # type
 # ---- the totals
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="benchmarks/model_check.py sums seq-1 under kill/power and again under subset",
-)
-def test_a_crash_state_checked_under_two_runs_is_counted_once() -> None:
-    """The benchmark's way of counting distinct states (kill/power, then subset) is the union."""
+def _benchmark():  # type: ignore[no-untyped-def]
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "model_check.py"
+    spec = importlib.util.spec_from_file_location("model_check_benchmark", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_checks_each_sequence_once_under_all_its_models() -> None:
+    """benchmarks/model_check.py plans each sequence once: seq-1 under kill, power, subset."""
+    bench = _benchmark()
+    todo = default_run(extra=CLI_ACTIONS)
+    plan = bench.make_plan(todo)
+    assert [(r.name, s) for r, s, _ in plan] == [(r.name, s) for r, s in todo]
+    assert len({(r.name, s) for r, s, _ in plan}) == len(plan)
+    assert {m for r, s, m in plan if len(s) == 1} == {("kill", "power", "subset")}
+    assert {m for r, s, m in plan if len(s) > 1} == {("kill", "power")}
+
+
+def test_a_crash_state_two_models_reach_is_counted_once() -> None:
+    """One exploration under all three models counts fewer states than two runs summed."""
     root, seq = ROOT["two"], (by_name("commit_replace"),)
     kp = check_sequence(root, seq, models=("kill", "power")).states_checked
     subset = check_sequence(root, seq, models=("subset",)).states_checked
     union = check_sequence(root, seq, models=("kill", "power", "subset")).states_checked
-    assert kp + subset == union, (kp, subset, union)
+    assert max(kp, subset) <= union < kp + subset, (kp, subset, union)
 
 
 def test_the_default_run_catches_an_alias_name_taken_not_checked() -> None:
