@@ -5,6 +5,8 @@ left out until a defect is fixed, and the starting roots."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,7 +56,16 @@ from atomic_ckpt.testing.model import Refused, RootModel, files_of
 from atomic_ckpt.testing.parts import LIVE_ONLY, MULTI, PARTS
 from atomic_ckpt.testing.races import RACES
 
-__all__ = ["ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"]
+__all__ = [
+    "ACTIONS",
+    "ALPHABET",
+    "EXCLUDED",
+    "LEFTOVERS",
+    "LEFTOVER_ACTIONS",
+    "ROOTS",
+    "Root",
+    "by_name",
+]
 
 
 def _alias_on_named(m: RootModel) -> None:
@@ -227,3 +238,34 @@ legacy unmarked directory; a prefixed root with a step and a named checkpoint (w
 metadata and alias ``b``, which a promotion must carry to the step); an
 unmarked step 1 below a complete step 2 (what retention and the best pointer must not
 take for a checkpoint)."""
+
+
+def _leftovers(c: CheckpointDir) -> None:
+    """What killed writers leave beside the checkpoints: a staging dir of step 3 with half
+    a save and its (unheld) lock file, and the old copy of step 1 that a fallback replace
+    (no RENAME_EXCHANGE) killed after its promotion left aside (its staging dir is gone,
+    so it is garbage, never to be restored)."""
+    from atomic_ckpt._core.l1_names.names import TAG_OLD, lock_name, tmp_name
+
+    staging = c.root / tmp_name("3", "a" * 32, hidden=False)
+    staging.mkdir()
+    _write(staging, {"model.bin": A["model.bin"]})
+    (c.root / lock_name("3", "a" * 32, hidden=False)).write_bytes(b"")
+    aside = c.root / tmp_name("1", "b" * 32, TAG_OLD, hidden=False)
+    os.mkdir(aside)
+    for entry in os.listdir(c.path_of(1)):
+        shutil.copy2(c.path_of(1) / entry, aside / entry)
+
+
+LEFTOVERS = Root(
+    "leftovers",
+    "",
+    (*_TWO, Action("setup_leftovers", _leftovers, _unchanged)),
+)
+"""The ``two`` root with a killed commit's staging dir and lock file and a fallback
+replace's garbage old copy beside it: what ``clean()`` has to remove (only the
+:data:`LEFTOVER_ACTIONS` run from it, to keep the default run's cost)."""
+
+LEFTOVER_ACTIONS = ("clean", "clean_force", "commit_new", "prune")
+"""The actions run from :data:`LEFTOVERS`: the cleanups, and a commit and a retention
+that must leave another writer's leftovers alone."""

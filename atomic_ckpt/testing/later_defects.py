@@ -135,7 +135,7 @@ def _distributed_block_not_marked() -> Iterator[None]:
         commit, path = real(*args, **kwargs)
         if commit is not None:
             commit._block = None
-            commit._opener = None  # no thread's: refuse_nested finds no commit of its own
+            commit._opener = -1  # no thread's ident: refuse_nested finds no commit of its own
         return commit, path
 
     with patched(_dcommit, "_begin", begin):

@@ -320,10 +320,6 @@ def test_the_default_run_catches_asides_never_restored() -> None:
         assert _first_failure(todo) is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no default sequence leaves clean() anything to remove or restore: its work uncrashed",
-)
 def test_some_clean_action_of_the_default_run_has_work_to_do() -> None:
     """A clean action of the default run removes or restores something (more than one op)."""
     todo = _default_sequences(lambda r, s: "clean" in s[-1].name and "commit" not in s[-1].name)
