@@ -52,7 +52,7 @@ from atomic_ckpt.testing.actions import (
     _write,
 )
 from atomic_ckpt.testing.edges import EDGES, LIVE_EDGES, MULTI_EDGES
-from atomic_ckpt.testing.model import Refused, RootModel, files_of
+from atomic_ckpt.testing.model import RootModel, files_of
 from atomic_ckpt.testing.parts import LIVE_ONLY, MULTI, PARTS
 from atomic_ckpt.testing.races import RACES
 
@@ -68,12 +68,18 @@ __all__ = [
 ]
 
 
-def _alias_on_named(m: RootModel) -> None:
-    """commit(3, aliases=["interrupted"]): refused up front where a named checkpoint holds
-    the name (an alias never replaces a real entry), else a commit with that alias."""
-    if "interrupted" in m.named:
-        raise Refused(StepConflictError, "the alias's name is a named checkpoint's")
-    _commit(3, A, aliases=("interrupted",))[1](m)
+def _alias_on_named(c: CheckpointDir) -> None:
+    """A named checkpoint ``taken``, then ``commit(3, aliases=["taken"])``, which must be
+    refused up front (StepConflictError, nothing staged): an alias never replaces a real
+    entry. (The name is this action's own, so no other action's name is ever an alias.)"""
+    with c.commit_named("taken") as p:
+        _write(p, A)
+    try:
+        with c.commit(3, aliases=("taken",)) as p:
+            _write(p, B)
+    except StepConflictError:
+        return
+    raise AssertionError("commit(3, aliases=['taken']) over a named checkpoint was not refused")
 
 
 def _actions() -> tuple[Action, ...]:
@@ -101,7 +107,7 @@ def _actions() -> tuple[Action, ...]:
         ("commit_replace_aliases", 2, A, {"aliases": ("b",), "replace_aliases": True}),
     ):
         add(name, *_commit(step, files, **kw))
-    add("commit_alias_on_named", _commit(3, A, aliases=("interrupted",))[0], _alias_on_named)
+    add("commit_alias_on_named", _alias_on_named, _apply_named("taken", A))
     add("commit_retain", *_commit(3, A, keep_last=1), multi=True, midway=_commit(3, A)[1])
     add("commit_raises", _commit_raises, _refuse(Boom, "the block raised"))
     add("begin_publish", _begin_publish, _commit(3, B, metadata={"via": "begin"})[1])
