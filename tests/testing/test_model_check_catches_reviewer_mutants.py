@@ -157,10 +157,6 @@ def _merge(*, or_replace: bool = True, check_retain: bool = True) -> Callable[..
     return merge_options
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no action joins a block with replace_aliases=True: a part's flag dropped survives",
-)
 def test_the_default_run_catches_a_joined_replace_aliases_dropped() -> None:
     """A joined block's replace_aliases=True not merged fails a default-run sequence."""
     todo = _default_sequences(lambda r, s: any("join" in a.name for a in s))
@@ -168,10 +164,6 @@ def test_the_default_run_catches_a_joined_replace_aliases_dropped() -> None:
         assert _first_failure(todo) is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no action joins a block whose retain= contradicts the commit's: the check can go",
-)
 def test_the_default_run_catches_a_joined_retain_conflict_not_refused() -> None:
     """A joined block's retain= contradicting the commit's, accepted, fails a sequence."""
     todo = _default_sequences(lambda r, s: any("join" in a.name for a in s))
