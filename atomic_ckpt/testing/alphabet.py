@@ -266,11 +266,16 @@ def _leftovers(c: CheckpointDir) -> None:
 LEFTOVERS = Root(
     "leftovers",
     "",
-    (*_TWO, Action("setup_leftovers", _leftovers, _unchanged)),
+    (
+        *_TWO,
+        Action("setup_alias_1", *_commit(1, A, aliases=("c",))),
+        Action("setup_leftovers", _leftovers, _unchanged),
+    ),
 )
-"""The ``two`` root with a killed commit's staging dir and lock file and a fallback
-replace's garbage old copy beside it: what ``clean()`` has to remove (only the
-:data:`LEFTOVER_ACTIONS` run from it, to keep the default run's cost)."""
+"""The ``two`` root, step 1 with alias ``c`` (a step retention deletes with its alias),
+with a killed commit's staging dir and lock file and a fallback replace's garbage old
+copy beside it: what ``clean()`` has to remove (only the :data:`LEFTOVER_ACTIONS` run
+from it, to keep the default run's cost)."""
 
 LEFTOVER_ACTIONS = ("clean", "clean_force", "commit_new", "prune")
 """The actions run from :data:`LEFTOVERS`: the cleanups, and a commit and a retention

@@ -130,10 +130,6 @@ def _deletes_an_aliased_step(root: Root, seq: tuple[Action, ...]) -> bool:
     return any(t[0] == "step" and t[1] in gone for t in model.aliases.values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no default sequence has a retention delete a step with an alias: the mutant survives",
-)
 def test_the_default_run_catches_a_retention_that_leaves_aliases() -> None:
     """A retention that deletes a step but not its aliases fails a default-run sequence."""
     todo = [
