@@ -11,10 +11,6 @@ import pytest
 from atomic_ckpt import CheckpointDir
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="carry=['f.bin'] or carry='f.bin' is a bare AttributeError ('list' has no 'items')",
-)
 @pytest.mark.parametrize("carry", [["f.bin"], "f.bin"], ids=["list", "str"])
 def test_carry_that_is_no_mapping_is_a_type_error_naming_it(
     ckpts: CheckpointDir, carry: object

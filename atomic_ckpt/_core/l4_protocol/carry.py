@@ -53,7 +53,7 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, not_a_mapping, parse_step
+from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, not_a_mapping, step_of
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
@@ -109,10 +109,11 @@ def relative(relpath: str | os.PathLike[str]) -> str:
 
 
 def source_of(root: Root, from_: int | str, arg: str = "from_") -> Checkpoint:
-    """The complete checkpoint ``from_`` names: a step (an int, or its directory name) or
-    a named checkpoint; CheckpointNotFoundError if there is none (or it is an alias)."""
+    """The complete checkpoint ``from_`` names: a step (an int, its directory name, or its
+    number as ``ls`` shows it: ``"5"`` in a ``checkpoint-`` root too) or a named checkpoint;
+    CheckpointNotFoundError if there is none (or it is an alias)."""
     if isinstance(from_, str):
-        step = parse_step(from_, root.prefix)
+        step = step_of(from_, root.prefix)
         if step is None:
             _delete.refuse_alias(root, from_, arg)
             name = check_chosen_name("checkpoint name", from_, root.prefix, hidden=False)

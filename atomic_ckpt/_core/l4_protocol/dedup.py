@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, StepConflictError
+from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, step_of
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
@@ -60,14 +61,24 @@ FileId = tuple[int, int, int, int]
 _LINKS: tuple[Linked, ...] = ("reflink", "hardlink")
 
 
-def check(dedup: object, checksum: str | None) -> Dedup:
-    """``dedup`` if it is an option value (False, True, a step, a name); ValueError if not,
-    or if it is on and the root records no checksums (there is nothing to compare)."""
+def check(dedup: object, root: Root) -> Dedup:
+    """``dedup`` if it is an option value (False, True, a step, a step as ``ls`` shows it,
+    a name that can be a checkpoint's); ValueError if not, or if it is on and the root
+    records no checksums (there is nothing to compare). Checked when the commit begins,
+    never at its publish: a refusal there would throw the block's whole save away."""
     if not isinstance(dedup, bool | int | str) or (
         isinstance(dedup, int) and not isinstance(dedup, bool) and dedup < 0
     ):
         raise ValueError(f"dedup must be True, False, a step or a checkpoint name, got {dedup!r}")
-    if dedup is not False and checksum is None:
+    if isinstance(dedup, str) and step_of(dedup, root.prefix) is None:
+        try:
+            check_chosen_name("checkpoint name", dedup, root.prefix, hidden=False)
+        except ValueError as exc:
+            raise ValueError(
+                f"dedup={dedup!r} can name no checkpoint ({exc}): pass True, a step, or a "
+                "named checkpoint's name; nothing was written"
+            ) from None
+    if dedup is not False and root.checksum is None:
         raise ValueError(
             "dedup compares checksums, and this root records none (checksum=None): pass "
             "a checksum algorithm to CheckpointDir, or dedup=False"
