@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from atomic_ckpt import CheckpointDir, VerificationError
+from atomic_ckpt import CheckpointDir, NamedCheckpoint, VerificationError
 from atomic_ckpt.cli import main
 
 
@@ -23,23 +23,15 @@ def _damaged(ckpts: CheckpointDir) -> None:
         f.write(b"X")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verify() takes only a step: a named carry source cannot be verified (InvalidStepError)",
-)
 def test_verify_of_a_named_carry_source_reports_a_write_in_place(ckpts: CheckpointDir) -> None:
     """verify("base") raises VerificationError for the bytes changed through the carrier."""
     _damaged(ckpts)
     with pytest.raises(VerificationError):
         ckpts.verify(3)
     with pytest.raises(VerificationError, match=r"frozen\.bin"):
-        ckpts.verify("base")  # type: ignore[arg-type]
+        ckpts.verify("base")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="atomic-ckpt verify ROOT NAME is a usage error (exit 2): no way to check a named one",
-)
 def test_cli_verify_of_a_named_carry_source_reports_a_write_in_place(
     ckpts: CheckpointDir, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -50,3 +42,35 @@ def test_cli_verify_of_a_named_carry_source_reports_a_write_in_place(
     except SystemExit as exc:  # argparse refuses the name
         code = exc.code
     assert code == 1, capsys.readouterr().err
+
+
+def test_cli_verify_of_the_whole_root_checks_named_checkpoints_too(
+    ckpts: CheckpointDir, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`atomic-ckpt verify ROOT` reports the damaged named carry source after the steps."""
+    _damaged(ckpts)
+    assert main(["verify", str(ckpts.root)]) == 1
+    out = capsys.readouterr().out
+    assert "step 3: FAILED" in out
+    assert "named base: FAILED" in out
+
+
+def test_verify_returns_the_named_checkpoint_it_checked(ckpts: CheckpointDir) -> None:
+    """verify("base") of an intact named checkpoint returns its NamedCheckpoint."""
+    with ckpts.commit_named("base") as path:
+        (path / "frozen.bin").write_bytes(b"\0" * 1000)
+    checked = ckpts.verify("base")
+    assert isinstance(checked, NamedCheckpoint)
+    assert (checked.name, checked.path) == ("base", ckpts.root / "base")
+
+
+def test_verify_takes_a_step_as_ls_shows_it_in_a_prefixed_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a checkpoint- root, "1" and "checkpoint-1" name step 1, in the API and the CLI."""
+    ckpts = CheckpointDir(tmp_path / "run", prefix="checkpoint-")
+    with ckpts.commit(1) as path:
+        (path / "f.bin").write_bytes(b"f" * 100)
+    assert ckpts.verify("1").step == ckpts.verify("checkpoint-1").step == 1
+    assert main(["verify", "--prefix", "checkpoint-", str(ckpts.root), "1"]) == 0
+    assert "step 1: ok" in capsys.readouterr().out
