@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, StepConflictError
-from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, step_of
+from atomic_ckpt._core.l1_names.names import check_chosen_name, step_of
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
 from atomic_ckpt._core.l3_formats.read import Checkpoint, newest
-from atomic_ckpt._core.l4_protocol import carry as _carry
+from atomic_ckpt._core.l4_protocol import sources as _sources
 from atomic_ckpt._core.l4_protocol.onefile import temp_name
 from atomic_ckpt._core.l4_protocol.root import Root
 
@@ -115,7 +115,7 @@ def previous(root: Root, step: int | None, dedup: Dedup) -> Checkpoint | None:
                 return ckpt
         return None
     try:
-        return _carry.source_of(root, dedup, "dedup")
+        return _sources.source_of(root, dedup, "dedup")
     except CheckpointNotFoundError as exc:
         log.warning("dedup: %s; nothing is deduplicated", exc)
         return None
@@ -143,7 +143,7 @@ def apply(root: Root, commit: Any, entries: list[FileEntry]) -> list[FileEntry]:
     if not wanted:
         return entries
     try:
-        pin = _carry._pin(source)
+        pin = _sources.pin(source)
     except (OSError, StepConflictError) as exc:
         log.info("dedup of %s: %s changed meanwhile (%s)", commit.name, source.path, exc)
         return entries
