@@ -33,10 +33,6 @@ def _fill(directory: str, leave: int) -> None:
     os.truncate(path, max(0, os.path.getsize(path) - leave))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="save_state on a full disk: torch's RuntimeError or a SafetensorError, no DiskFullError",
-)
 @pytest.mark.parametrize("carry_frozen", [True, False])
 def test_save_state_on_a_full_disk_is_a_disk_full_error(
     mounter: Mounter, carry_frozen: bool
