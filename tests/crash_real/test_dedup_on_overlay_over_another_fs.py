@@ -39,10 +39,6 @@ def _save(ckpts: CheckpointDir, step: int) -> dict[str, str]:
     return dict(commit.deduped)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mixed-fs overlay: dedup compares a file's st_dev to its dir's: no link, false warning",
-)
 def test_dedup_links_an_untouched_file_on_a_mixed_overlay(
     mounter: Mounter, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -58,10 +54,6 @@ def test_dedup_links_an_untouched_file_on_a_mixed_overlay(
     ckpts.verify(2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mixed-fs overlay: a carry never trusts its source's identity (st_dev): hashes it",
-)
 def test_a_carry_on_a_mixed_overlay_trusts_an_untouched_source(
     mounter: Mounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:

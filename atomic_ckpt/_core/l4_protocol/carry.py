@@ -7,8 +7,9 @@ only once the source is known to be the file that entry describes:
 
 * **committed**: the manifest records the file's inode, size and modification time (ns)
   as they were just before it was hashed at its commit, and the file opened now has the
-  same three, on the source checkpoint's device, and that time is more than 2 s
-  (:data:`RACY_NS`) before its marker's. Writing into a file changes its modification
+  same three, on its marker's device (not its directory's: an overlay over two
+  filesystems gives those its own), and that time is more than 2 s (:data:`RACY_NS`)
+  before its marker's. Writing into a file changes its modification
   time, so a file written in place since is not trusted; one written within a timestamp
   tick of its commit (git's "racily clean" file) is verified;
 * **verified**: otherwise (a manifest written before identities were recorded, a
@@ -357,13 +358,17 @@ def _check_source(
     bytes; the identity of ``target`` (what the publish checks it still has)."""
     algorithm = source.manifest.checksum
     hashable = algorithm in CHECKSUMS and entry.checksum is not None
+    # The device the inode number is read on: the marker's, a regular file written with
+    # the checkpoint's (an overlay over two filesystems gives its directories its own
+    # device, its files their layer's: the directory's would never match).
+    marker = os.stat(MARKER, dir_fd=pin, follow_symlinks=False)
     committed = (
         entry.ino is not None
         and entry.mtime_ns is not None
-        and st.st_dev == os.fstat(pin).st_dev
+        and st.st_dev == marker.st_dev
         and (st.st_ino, st.st_size, st.st_mtime_ns) == (entry.ino, entry.size, entry.mtime_ns)
         # Racily clean: hashed if it can be (without checksums nothing is claimed).
-        and (not hashable or entry.mtime_ns < os.stat(MARKER, dir_fd=pin).st_mtime_ns - RACY_NS)
+        and (not hashable or entry.mtime_ns < marker.st_mtime_ns - RACY_NS)
     )
     now = os.lstat(target)
     if st.st_size != entry.size:

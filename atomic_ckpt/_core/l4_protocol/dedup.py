@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from atomic_ckpt._core.l1_names.errors import CheckpointNotFoundError, StepConflictError
-from atomic_ckpt._core.l1_names.names import check_chosen_name, step_of
+from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, step_of
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
@@ -151,7 +151,8 @@ def apply(root: Root, commit: Any, entries: list[FileEntry]) -> list[FileEntry]:
     linked: dict[str, Linked] = {}
     dirs: set[Path] = set()
     try:
-        dev = os.fstat(pin).st_dev
+        # The marker's device, not the directory's (see carry._check_source: an overlay).
+        dev = os.stat(MARKER, dir_fd=pin, follow_symlinks=False).st_dev
         for mine, their in wanted:
             assert their.ino is not None  # _equal checked both
             assert their.mtime_ns is not None
