@@ -15,10 +15,6 @@ import pytest
 from atomic_ckpt import CheckpointDir
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dedup against a cp -a copied root warns its files were written in place, links none",
-)
 def test_dedup_against_a_copied_root_links_without_a_false_alarm(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

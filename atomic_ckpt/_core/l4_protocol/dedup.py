@@ -9,9 +9,11 @@ checkpoint missing a file. For every staged file whose size and checksum equal t
 entry of the same path in the previous checkpoint's manifest:
 
 * the previous checkpoint's file must still be the one its manifest describes: the same
-  device, inode, size and modification time (ns) as recorded at its commit, checked
-  before and after it is shared. A file written in place since, touched, or recorded by an
-  older version (no identity) is never trusted: the written file stays (logged);
+  size and modification time (ns) as recorded at its commit, and the same device (its
+  marker's) and inode unless it is a copy (a root copied with ``cp -a``: new inodes, its
+  bytes compared below), checked before and after it is shared. A file written in place
+  since, touched, or recorded by an older version (no identity) is never trusted: the
+  written file stays (logged);
 * its bytes are then read once, through the new link, and compared with the staged file's
   (in the page cache): only equal bytes are linked, so a change that kept the size and
   mtime (``os.utime``, bit rot) never replaces the good bytes just written. Dedup saves
@@ -220,9 +222,11 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId, written: Path) -
     those of the file ``written`` (the one it replaces): a change that kept the size
     and mtime (restored with ``os.utime``, or bit rot) is caught here, never copied
     over the good bytes.
-    None, with nothing left at ``tmp``, where it is gone or changed (logged as a warning:
-    it was written or touched since) or the filesystem shares nothing (a copy would save
-    no space)."""
+    A file of ``expect``'s size and mtime on another device or inode is a copy (the root
+    copied with ``cp -a``, or restored): nothing vouches for it but its bytes, which are
+    compared anyway. None, with nothing left at ``tmp``, where it is gone or changed
+    (another size or mtime, or changed while shared: logged as a warning, it was written
+    or touched since) or the filesystem shares nothing (a copy would save no space)."""
     try:
         how, st = _share.share_file(top_fd, rel, tmp, methods=_LINKS)
     except OSError as exc:
@@ -233,7 +237,7 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId, written: Path) -
         after: FileId | None = file_id(_stat_at(top_fd, rel))
     except OSError:
         after = None
-    if file_id(st) != expect or after != expect:
+    if after != file_id(st) or file_id(st)[2:] != expect[2:]:
         os.unlink(tmp)
         log.warning(
             "dedup: %s is not the file its manifest describes any more (written or touched "
@@ -242,6 +246,12 @@ def link_same(top_fd: int, rel: str, tmp: Path, expect: FileId, written: Path) -
             rel,
         )
         return None
+    if file_id(st)[:2] != expect[:2]:  # its size and mtime, on a new inode: a copy
+        log.info(
+            "dedup: %s is a copy of the file committed (cp -a, a restore: another inode, "
+            "the same size and mtime); linked only if its bytes equal the file written",
+            rel,
+        )
     if stat.S_IMODE(st.st_mode) != stat.S_IMODE(os.lstat(written).st_mode):
         os.unlink(tmp)  # a hard link would give the written file the previous one's mode
         log.info("dedup: %s has another mode than the file written; not linked", rel)
