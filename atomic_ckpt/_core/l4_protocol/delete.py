@@ -36,6 +36,7 @@ from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l2_syscalls.errnos import SYMLINK_REFUSED
 from atomic_ckpt._core.l3_formats.read import Checkpoint, classify, complete, read_marker
+from atomic_ckpt._core.l4_protocol import in_place as _in_place
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l4_protocol.root import Root
@@ -81,6 +82,10 @@ def move_aside(root: Root, paths: list[Path], *, unlinked: bool = False) -> Move
             try:
                 _fs.rename(path, aside)
             except BaseException as exc:
+                if _in_place.refused_rename(exc):  # an overlay's lower layer: no rename
+                    moved.append((path, path, lock))  # removed here: remove_moved's no-op
+                    _in_place.remove(root, path)
+                    continue
                 # Nothing was moved: leave no lock file behind.
                 release_one(lock, remove=True)
                 if isinstance(exc, FileNotFoundError):
