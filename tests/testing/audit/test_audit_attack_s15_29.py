@@ -334,3 +334,78 @@ def test_the_refusal_after_a_killed_audit_says_to_remove_the_crash_state_first(
             else:
                 subprocess.run(["rm", "-rf", str(PRIVATE / name)], check=False)
         assert (tmp_path / "ckpts" / "0" / "w").read_bytes() == b"USER DATA"
+
+
+# ---- 6. --check-python functions whose verdict is silently dropped
+
+NAIVE_SAVE = """\
+    # the guide's naive save: files straight into ckpts/1/, nothing fsynced
+    import os
+    os.makedirs("ckpts/1")
+    with open("ckpts/1/weights.bin", "wb") as f:
+        f.write(b"w" * 4096)
+"""
+
+CHECKS = """\
+    import os
+
+    def whole(root):
+        p = os.path.join(root, "1", "weights.bin")
+        return not os.path.isdir(os.path.join(root, "1")) or (
+            os.path.exists(p) and open(p, "rb").read() == b"w" * 4096
+        )
+
+    async def async_check(root):  # an async loader's check: never awaited
+        return whole(root)
+
+    def generator_check(root):  # a check that yields its verdict
+        yield whole(root)
+
+    def status_check(root):  # a main()-style check: 1 for broken, 0 for fine
+        return 0 if whole(root) else 1
+
+    def no_argument():  # forgot the root parameter: every call is a TypeError
+        return True
+"""
+
+
+@pytest.mark.parametrize("function", ["async_check", "generator_check", "status_check"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="a --check-python function returning a coroutine, a generator or an exit "
+    "status is taken as passing (only False rejects): the check never judged, exit 0",
+)
+def test_a_check_function_whose_verdict_is_not_a_bool_is_not_taken_as_clean(
+    tmp_path: Path, function: str
+) -> None:
+    """On a save a kill breaks, a check whose return value is not True/False/None (never
+    awaited, never iterated, an exit status) is found broken or refused, never clean."""
+    write(tmp_path, "workload.py", NAIVE_SAVE)
+    write(tmp_path, "checks.py", CHECKS)
+    whole = run_audit(
+        tmp_path, "--root", "ckpts", "--check-python", "checks:whole", "--",
+        sys.executable, "workload.py",
+    )  # fmt: skip
+    assert whole.returncode == 1, whole.stdout + whole.stderr  # the save is broken
+    done = run_audit(
+        tmp_path, "--root", "ckpts", "--check-python", f"checks:{function}", "--",
+        sys.executable, "workload.py",
+    )  # fmt: skip
+    assert done.returncode in (1, 2), done.stdout + done.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a --check-python function that cannot be called with the root (no parameter) "
+    "makes every state a 'violation' (exit 1, BROKEN) instead of a usage error (exit 2)",
+)
+def test_a_check_function_that_takes_no_root_is_a_usage_error(tmp_path: Path) -> None:
+    """A TypeError calling the check is no verdict on the save: exit 2, saying so."""
+    write(tmp_path, "workload.py", SMALL_SAVE)
+    write(tmp_path, "checks.py", CHECKS)
+    (tmp_path / "ckpts").mkdir()
+    done = run_audit(
+        tmp_path, "--root", "ckpts", "--check-python", "checks:no_argument", "--",
+        sys.executable, "workload.py",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
