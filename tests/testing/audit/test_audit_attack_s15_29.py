@@ -409,3 +409,53 @@ def test_a_check_function_that_takes_no_root_is_a_usage_error(tmp_path: Path) ->
         sys.executable, "workload.py",
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a --check command naming a script that does not exist (python's exit 2, not the "
+    "shell's 127) makes every state a violation: 'BROKEN', exit 1, for a typo",
+)
+def test_a_check_command_whose_script_is_missing_is_a_usage_error(tmp_path: Path) -> None:
+    """python resmue.py (a typo) rejects even the empty state: no verdict, exit 2."""
+    write(tmp_path, "workload.py", SMALL_SAVE)
+    (tmp_path / "ckpts").mkdir()
+    done = run_audit(
+        tmp_path, "--root", "ckpts", "--check", f"{sys.executable} resmue.py ckpts", "--",
+        sys.executable, "workload.py",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+
+
+# ---- 7. a file whose name ends in "..." (strace's own ellipsis): a false "write not seen"
+
+DOTS_SAVE = """\
+    import os
+    os.makedirs("ckpts/1")
+    with open("ckpts/1/w...", "wb") as f:
+        f.write(b"w" * 100)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a name ending in '...' loses its dots (read as strace's truncation ellipsis): "
+    "the replay refuses, blaming 'some write was not seen' (a process outside the trace)",
+)
+def test_a_file_named_with_three_trailing_dots_is_judged(tmp_path: Path) -> None:
+    """ckpts/1/w... written unsynced: judged broken (exit 1), not refused."""
+    write(tmp_path, "workload.py", DOTS_SAVE)
+    write(
+        tmp_path,
+        "check.py",
+        """\
+        import os, sys
+        p = os.path.join(sys.argv[1], "1", "w...")
+        sys.exit(os.path.exists(p) and open(p, "rb").read() != b"w" * 100)
+        """,
+    )
+    done = run_audit(
+        tmp_path, "--root", "ckpts", "--check", f"{sys.executable} check.py ckpts", "--",
+        sys.executable, "workload.py",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
