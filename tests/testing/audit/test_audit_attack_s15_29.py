@@ -94,6 +94,42 @@ def test_a_symlink_leading_out_through_a_link_to_dot_is_not_called_clean(tmp_pat
     assert (tmp_path / "blobs" / "abc").read_bytes() == b"w" * 100
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a symlink already in the directory is judged inside lexically (here/.. "
+    "dropped): ../blobs/abc is refused, here/../blobs/abc with here -> . is called clean",
+)
+def test_an_existing_symlink_out_through_a_link_to_dot_is_not_called_clean(
+    tmp_path: Path,
+) -> None:
+    """The user's ckpts/ already holds here -> . and model.bin -> here/../blobs/abc; the
+    run rewrites the blob unsynced: refused as the plain ../blobs/abc link is."""
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "abc").write_bytes(b"w" * 100)
+    os.symlink(".", tmp_path / "ckpts" / "here")
+    os.symlink("here/../blobs/abc", tmp_path / "ckpts" / "model.bin")
+    write(
+        tmp_path,
+        "workload.py",
+        """\
+        import os
+        with open("blobs/abc", "wb") as f:  # the linked blob rewritten, never fsynced
+            f.write(b"w" * 100)
+        fd = os.open("ckpts/log", os.O_WRONLY | os.O_CREAT)
+        os.write(fd, b"x")
+        os.fsync(fd)
+        os.close(fd)
+        """,
+    )
+    write(tmp_path, "check.py", CONTENT_CHECK)
+    done = run_audit(
+        tmp_path, "--root", "ckpts", "--check", f"{sys.executable} check.py ckpts", "--",
+        sys.executable, "workload.py",
+    )  # fmt: skip
+    assert done.returncode in (1, 2), done.stdout + done.stderr
+
+
 STAGED_LINK = """\
     # staged in ckpts/staging/5/, promoted by a rename to ckpts/5/: the relative link
     # ../../blobs/abc led to ckpts/blobs/abc while staged, to ../blobs/abc (outside) after
