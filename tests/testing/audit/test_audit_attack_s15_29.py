@@ -593,3 +593,35 @@ def test_a_disk_too_full_for_the_working_copy_is_refused_saying_why(tmp_path: Pa
     assert done.returncode == 2, done.stderr
     assert "[('" not in done.stderr, done.stderr
     assert "space" in done.stderr, done.stderr
+
+
+# ---- 9. preadv2 at the file offset (-1) moves it, as readv does
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="preadv2 with offset -1 reads at (and moves) the file offset, but the table says "
+    "'offset unmoved': the next write is replayed at 0 and the audit refuses the run",
+)
+def test_preadv2_at_the_file_offset_moves_it(tmp_path: Path) -> None:
+    """A header read with preadv2(-1, RWF_HIPRI), then a write and an fsync: the write is
+    at 4 (HEADBODY), the save judged (exit 0 with a check that accepts it)."""
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / "log").write_bytes(b"HEAD")
+    write(
+        tmp_path,
+        "workload.py",
+        """\
+        import os
+        fd = os.open("ckpts/log", os.O_RDWR)
+        os.preadv(fd, [bytearray(4)], -1, os.RWF_HIPRI)  # preadv2(..., -1, RWF_HIPRI)
+        os.write(fd, b"BODY")
+        os.fsync(fd)
+        os.close(fd)
+        """,
+    )
+    done = run_audit(
+        tmp_path, "--root", "ckpts", "--check", "true", "--", sys.executable, "workload.py"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "ckpts" / "log").read_bytes() == b"HEAD"
