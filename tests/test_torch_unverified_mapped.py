@@ -107,3 +107,36 @@ def test_an_unverified_resume_reads_the_checkpoint_from_storage_once(tmp_path: P
     if read == 0:  # a filesystem without storage (tmpfs): nothing to count
         pytest.skip(f"{tmp_path} reads nothing from storage")
     assert read < 1.5 * total + (1 << 20), (read, total)
+
+
+def test_an_unverified_resume_of_a_carry_frozen_state_maps_both_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``carry_frozen=True`` the state is two safetensors files: the unverified resume
+    maps both (as the verified one reads both from its views) and never calls the file
+    loader, which copied each tensor twice; the state equals the saved one."""
+    from atomic_ckpt.torch import FROZEN_FILE, _frozen
+
+    ckpts = CheckpointDir(tmp_path / "ckpts")
+    saved, opt = _model(5)
+    saved[0].requires_grad_(False)
+    save_state(ckpts, 1, model=saved, optimizer=opt, carry_frozen=True)
+    assert (ckpts.path_of(1) / FROZEN_FILE).is_file()
+    mapped: list[str] = []
+    real = atorch._mapped
+
+    def counting(path: Path) -> Any:
+        mapped.append(path.name)
+        return real(path)
+
+    def no_file_load(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the unverified resume read a state file through the file loader")
+
+    monkeypatch.setattr(atorch, "_mapped", counting)
+    monkeypatch.setattr(_frozen, "_mapped", counting, raising=False)
+    monkeypatch.setattr(_frozen, "load_file", no_file_load)
+    model, opt2 = _model(6)
+    state = resume(ckpts, model=model, optimizer=opt2)
+    assert state is not None
+    assert sorted(mapped) == sorted([MODEL_FILE, FROZEN_FILE])
+    assert _same(model, saved)

@@ -49,6 +49,6 @@ def rm(args: argparse.Namespace) -> int:
         raise Failure(str(exc), EXIT_NONE) from None
     except StepConflictError as exc:
         raise Failure(f"{exc} (--force)") from None
-    kind = "step" if parse_step(removed.name, args.prefix) is not None else "named checkpoint"
-    print(f"removed {kind} {what}: {removed}")
+    step = parse_step(removed.name, args.prefix)  # as ls names it, however it was given
+    print(f"removed {'named checkpoint ' + what if step is None else f'step {step}'}: {removed}")
     return EXIT_OK

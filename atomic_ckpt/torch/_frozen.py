@@ -38,7 +38,7 @@ from atomic_ckpt import (
 )
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.torch import _hash
-from atomic_ckpt.torch._bytes import _dtypes, _safetensors_tensors
+from atomic_ckpt.torch._bytes import _dtypes, _mapped, _safetensors_tensors
 
 FROZEN_FILE = "frozen.safetensors"
 """The frozen parameters and constant buffers (``save_state(..., carry_frozen=True)``)."""
@@ -398,11 +398,17 @@ def read_state(
             f"{path / model_name} needs {FROZEN_FILE} beside it, and {path} has none: "
             "a checkpoint copied without all its files? Copy the whole directory"
         )
-    return merged(
-        load_file(path / model_name, device=device),
-        load_file(path / FROZEN_FILE, device=device),
-        path,
-    )
+    # Mapped and read ahead, as the model file alone is (and a verified load reads both):
+    # the tensors are views of the mappings, copied once, into the model.
+    model_view, frozen_view = _mapped(path / model_name), _mapped(path / FROZEN_FILE)
+    if model_view is None or frozen_view is None:  # cannot be mapped: read by path
+        return merged(
+            load_file(path / model_name, device=device),
+            load_file(path / FROZEN_FILE, device=device),
+            path,
+        )
+    state = merged(_safetensors_tensors(model_view), _safetensors_tensors(frozen_view), path)
+    return {k: v.to(device) for k, v in state.items()} if device != "cpu" else state
 
 
 def load_into(model: torch.nn.Module, state: Tensors, *, strict: bool) -> None:

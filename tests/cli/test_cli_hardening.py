@@ -35,3 +35,14 @@ def test_mark_complete_require_refuses_naming_the_missing_file(tmp_path: Path, c
     (path / "optimizer.pt").write_bytes(b"w")
     assert main(argv) == 0
     assert CheckpointDir(tmp_path / "run").steps() == [3]
+
+
+def test_rm_of_a_prefixed_directory_name_reports_the_step(tmp_path: Path, capsys) -> None:
+    """`rm ROOT checkpoint-6 --prefix checkpoint-` says it removed step 6, as `ls` names it
+    (it said "removed step checkpoint-6")."""
+    ckpts = CheckpointDir(tmp_path / "run", prefix="checkpoint-")
+    with ckpts.commit(6) as path:
+        (path / "model.pt").write_bytes(b"w")
+    assert main(["rm", str(ckpts.root), "checkpoint-6", "--prefix", "checkpoint-"]) == 0
+    assert capsys.readouterr().out.startswith("removed step 6: ")
+    assert ckpts.steps() == []

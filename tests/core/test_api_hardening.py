@@ -83,6 +83,25 @@ def test_rank0_commit_takes_a_prefixed_step_name(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- 13: one string
 
 
+@pytest.mark.parametrize("carry", ["4/model.pt", ["model.pt"]], ids=["one-string", "a-list"])
+def test_carry_that_is_not_a_mapping_is_a_type_error_and_stages_nothing(
+    ckpts: CheckpointDir, carry: object
+) -> None:
+    """``commit(5, carry="model.pt")`` (or a list) is a TypeError showing the mapping it
+    takes, not ``'str' object has no attribute 'items'``; nothing is committed or left."""
+    _commit(ckpts, 4)
+    with (
+        pytest.raises(TypeError, match="maps each relative path"),
+        ckpts.commit(
+            5,
+            carry=carry,  # type: ignore[arg-type]
+        ) as path,
+    ):
+        (path / "b.bin").write_bytes(b"b")
+    assert ckpts.steps() == [4]
+    assert [p.name for p in ckpts.root.iterdir()] == ["4"]
+
+
 def test_resume_verified_refuses_a_single_string_as_read(ckpts: CheckpointDir) -> None:
     """``resume_verified("model.pt")`` is a TypeError, not a set of characters."""
     _commit(ckpts, 1)

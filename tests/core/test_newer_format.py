@@ -122,3 +122,24 @@ def test_only_newer_format_checkpoints_is_the_unusable_refusal(tmp_path: Path) -
         ckpts.resume_point()
     assert not isinstance(caught.value, NewerCheckpointsError)
     assert "written by a newer atomic_ckpt" in caught.value.problems[0]
+
+
+def test_the_refusal_to_commit_over_a_newer_format_says_marker_once(
+    ckpts: CheckpointDir,
+) -> None:
+    """The StepConflictError over a newer release's checkpoint reads as one sentence (it
+    said "its marker is marker <path>: ...")."""
+    import json
+
+    from atomic_ckpt import MARKER, StepConflictError
+
+    with ckpts.commit(5) as path:
+        (path / "a.bin").write_bytes(b"a")
+    marker = ckpts.path_of(5) / MARKER
+    doc = json.loads(marker.read_text())
+    doc["version"] += 5
+    marker.write_text(json.dumps(doc))
+    with pytest.raises(StepConflictError) as raised, ckpts.commit(5) as path:
+        (path / "a.bin").write_bytes(b"new")
+    assert "marker is marker" not in str(raised.value)
+    assert "a newer atomic_ckpt wrote" in str(raised.value)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MARKER = "checkpoint_complete"
@@ -118,6 +119,13 @@ def not_one_string(what: str, value: object, of: str = "paths") -> None:
     it would be taken for a set of one-character ``of``."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what} must be a collection of {of}, not one string: pass [{value!r}]")
+
+
+def not_a_mapping(what: str, value: object, example: str) -> None:
+    """TypeError if ``value``, given for the mapping (or None) ``what``, is not a mapping
+    (one path, a list of them): the message shows the form it takes (``example``)."""
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"{what}= maps {example}, not {type(value).__name__} {value!r}")
 
 
 def is_marker_name(name: str) -> bool:

@@ -20,7 +20,6 @@ import contextlib
 import errno
 import os
 import stat
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from atomic_ckpt._core.l2_syscalls._native import (
     _renameat2_or_raise,
     _sync_file_range,
 )
+from atomic_ckpt._core.l2_syscalls.forksafe import ProcessLock
 
 __all__ = [
     "EXCHANGE_UNSUPPORTED",
@@ -136,7 +136,7 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 _DURABLE_ENTRIES: set[tuple[int, int]] = set()
 """(device, inode) of the directories whose own entry this process made durable."""
-_DURABLE_ENTRIES_LOCK = threading.Lock()
+_DURABLE_ENTRIES_LOCK = ProcessLock()
 
 
 def fsync_entry_once(

@@ -118,6 +118,12 @@ def _lock_fd(path: Path, flags: int) -> Lock | None:
         if exc.errno in _BUSY:
             return None
         raise
+    except BaseException:  # an interrupt (Ctrl-C, SystemExit): no flock outlives it
+        if flags & os.O_EXCL:  # the file is new and ours: nobody else can be using it
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        os.close(fd)
+        raise
     if not named:  # removed (or replaced) by its holder before we locked it
         os.close(fd)
         return None

@@ -137,7 +137,7 @@ def check_replaceable(final: Path, step: int | None, *, replace: bool) -> None:
     try:
         manifest = read_marker(final, body=False)
     except NewerFormatError as exc:
-        what = f"a checkpoint a newer atomic_ckpt wrote: its marker is {exc}"
+        what = f"a checkpoint a newer atomic_ckpt wrote ({exc})"
     except MarkerIsDirectoryError as exc:  # what that directory holds would be deleted
         what = f"an unusable checkpoint: {exc}"
     except (ManifestError, OSError) as exc:

@@ -42,7 +42,6 @@ import os
 import posixpath
 import secrets
 import stat
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -54,10 +53,11 @@ from atomic_ckpt._core.l1_names.errors import (
     StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, parse_step
+from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, not_a_mapping, parse_step
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
+from atomic_ckpt._core.l2_syscalls.forksafe import ProcessLock
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
 from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
 from atomic_ckpt._core.l3_formats.tree import Identity, identity
@@ -84,7 +84,7 @@ RACY_NS = 2 * 10**9
 coarsest timestamp granularity: FAT, some NFS servers) is racily clean (git's rule): a
 same-size write in the tick it was hashed in kept its mtime, so it is hashed to be carried."""
 
-_RESERVE = threading.Lock()
+_RESERVE = ProcessLock()
 """Held while a carry takes its number (its slot in the commit's pending carries): never
 shared by two carries, which joined threads may make at once (a refused carry leaves its
 slot empty and inert, so no later one takes its number)."""
@@ -443,8 +443,8 @@ def _changed(source: Checkpoint, entry: FileEntry, why: str) -> VerificationErro
 
 
 def carry_all(commit: Any, carry: Mapping[str, int | str] | None) -> None:
-    """:meth:`Commit.carry` each relative path of ``carry`` from the checkpoint it maps to
-    (the ``carry=`` argument of ``commit()``); how each was carried is logged."""
+    """:meth:`Commit.carry` each path of ``carry`` (``commit(carry=)``) from its source; logged."""
+    not_a_mapping("carry", carry, "each relative path to the step or name it comes from: {'a/': 4}")
     for relpath, source in (carry or {}).items():
         how = commit.carry(relpath, from_=source)
         log.info("carried %s from %s into %s (%s)", relpath, source, commit.name, how)

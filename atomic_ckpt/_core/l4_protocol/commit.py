@@ -409,10 +409,12 @@ class Commit(JoinedBlocks):
         leaving: Path | None = self.path
         try:
             if self._promoted:
-                # Promoted, then the root fsync failed: the new checkpoint is visible,
-                # and the old copy (if any) stays under its .tmp- name for clean(); it
-                # may be the only durable copy.
+                # Promoted, then the root fsync failed (or was interrupted): the new one is
+                # visible; the old copy stays for clean() (maybe the only durable copy).
                 leaving = self._old
+                if not isinstance(exc, NotDurableError):  # Ctrl-C: that one says so itself
+                    why = "but may not survive a power loss (interrupted before its fsync)"
+                    exc.add_note(f"atomic_ckpt: {self.final} was promoted and is visible, {why}")
             elif not self._in_fallback_window():
                 _fs.remove_tree(self.path)
         except Exception as cleanup:

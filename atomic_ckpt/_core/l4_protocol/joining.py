@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from atomic_ckpt._core.l1_names.errors import CommitStateError
+from atomic_ckpt._core.l1_names.names import TAG_STAGING, parse_tmp
+from atomic_ckpt._core.l2_syscalls import locks as _locks
+from atomic_ckpt._core.l2_syscalls.forksafe import ProcessLock
 from atomic_ckpt._core.l3_formats.manifest import check_metadata
 from atomic_ckpt._core.l4_protocol import delete as _delete
 from atomic_ckpt._core.l4_protocol import stage as _stage
@@ -237,8 +240,18 @@ def joined(commit: Commit, **options: Any) -> Iterator[Path]:
         merge_options(commit, **options)
         yield commit.path
     except BaseException as exc:
+        ended = commit.state != "open"  # aborted while this block ran (its staging removed)
         commit.leave_join(exc)
         commit._raise_disk_full(exc)  # as an ordinary commit's block would
+        if ended and isinstance(exc, Exception):  # its write failed because of that
+            raise CommitStateError(
+                f"the commit of {describe(commit)} this block joined was aborted while the "
+                f"block ran (its own block ended with an error, or another joined block "
+                f"failed), and its staging directory removed; this block then failed "
+                f"({type(exc).__name__}: {exc}). Nothing was published: save the step again",
+                path=commit.final,
+                step=commit._step,
+            ) from exc
         raise
     commit.leave_join(None)
 
@@ -266,7 +279,7 @@ def refuse_rejoin(final: Path, step: int | None) -> None:
 
 # ---------------------------------------------------------------- the registry
 
-_LOCK = threading.Lock()
+_LOCK = ProcessLock()
 _OPEN: dict[tuple[Path, str], list[weakref.ref[Any]]] = {}
 """This process's open commits, by (root, directory name), oldest first. Every one is kept,
 so that a nested commit of a step ending leaves the outer one findable. After a fork the
@@ -352,6 +365,7 @@ def find_join(root: Any, name: str, step: int | None) -> Commit | None:
     with _LOCK:
         ended = _ENDED.get((root.path, name))
     if ended is None or ended[:2] == (me, threading.get_ident()):
+        refuse_foreign(root, name, step)
         return None
     refuse_rejoin(final, step)  # committed: the message names amend
     pid, _, how = ended
@@ -363,6 +377,35 @@ def find_join(root: Any, name: str, step: int | None) -> Commit | None:
         path=final,
         step=step,
     )
+
+
+def refuse_foreign(root: Any, name: str, step: int | None) -> None:
+    """For ``join=True`` with no open commit of ``name`` in this process: CommitStateError
+    if another process is committing it right now (a staging dir of ``name`` whose lock a
+    live process holds: a DataLoader-like worker forked before the trainer began the
+    commit, another rank). Committed alone, the block would publish a checkpoint holding
+    only its part, which the other commit then replaces without it."""
+    try:
+        entries = os.listdir(root.path)
+    except OSError:  # no root yet: nobody is committing into it
+        return
+    for entry in entries:
+        tmp = parse_tmp(entry)
+        if tmp is None or tmp.is_lock or tmp.tag != TAG_STAGING or tmp.name != name:
+            continue
+        if not _locks.is_held(root.path / tmp.lock()):
+            continue  # an orphan a killed save left, for clean()
+        what = f"step {step}" if step is not None else repr(name)
+        raise CommitStateError(
+            f"join=True found no open commit of {what} in this process, but another process "
+            f"is committing it (its staging directory {root.path / entry} is locked). A "
+            "join cannot reach another process's commit, and committed alone this block "
+            "would publish a checkpoint holding only its part: write the part from the "
+            "process that opened the commit (or into that staging directory, and let that "
+            "process publish it), or commit a whole checkpoint without join=True",
+            path=root.path / name,
+            step=step,
+        )
 
 
 def refuse_nested(root: Any, name: str, step: int | None) -> None:

@@ -260,8 +260,8 @@ class CheckpointDir(Reading, TrainerOps):
           with another value, or another retain policy, is a ValueError naming that
           commit, and aborts it like any failed joined block;
         * a join once the commit is being published, from another thread once it ended
-          (published or aborted), or in a child forked inside it, is refused
-          (CommitStateError): such a late part is never committed alone.
+          (published or aborted), in a child forked inside it, or while another process
+          commits the step, is refused (CommitStateError): never committed alone.
 
         With no open commit, ``join=True`` commits as usual, unless ``step`` is committed
         (CommitStateError naming :meth:`amend`) or is a late part as above;

@@ -7,10 +7,11 @@ import atexit
 import logging
 import os
 import sys
-import threading
 import weakref
 from types import TracebackType
 from typing import ClassVar, Self
+
+from atomic_ckpt._core.l2_syscalls.forksafe import ProcessLock
 
 _LIVE: weakref.WeakSet[ClosesOnExit] = weakref.WeakSet()
 """Every worker made in this process, to wait for at exit."""
@@ -19,7 +20,7 @@ _UNOBSERVED: dict[int, tuple[ClosesOnExit, int, BaseException]] = {}
 """id(worker) -> (worker, step, error) of a failure no call has raised yet. A strong
 reference: a worker dropped (garbage-collected) after its work failed is still reported."""
 
-_UNOBSERVED_LOCK = threading.Lock()
+_UNOBSERVED_LOCK = ProcessLock()
 
 
 class ClosesOnExit:
