@@ -36,6 +36,7 @@ from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
 from atomic_ckpt.testing.audit._times import before_the_run, mtimes, state_times
 from atomic_ckpt.testing.audit._trace import TraceRecorder
+from atomic_ckpt.testing.audit._trace._links import links_out
 
 POWER_SAMPLING = (
     "power: each unsynced write's fate is its own (one-file and one-write deviations built "
@@ -227,6 +228,11 @@ def _replay(
             f"workload's working directory); nothing was judged"
         )
     states, distinct = _plan(model, models, seed)
+    # a link's meaning follows the tree (a rename, a link to "." made later: s15 attack):
+    # judged in every state a check would be shown, none of which may lead out
+    out = {p: why for s in states for p, why in links_out(s.flat, recorder._bases())}
+    if out:
+        raise CannotRebuild(os.fspath(path), sorted(out.items()))
     return model, states, distinct
 
 
