@@ -431,11 +431,6 @@ CHECKS = """\
 
 
 @pytest.mark.parametrize("function", ["async_check", "generator_check", "status_check"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="a --check-python function returning a coroutine, a generator or an exit "
-    "status is taken as passing (only False rejects): the check never judged, exit 0",
-)
 def test_a_check_function_whose_verdict_is_not_a_bool_is_not_taken_as_clean(
     tmp_path: Path, function: str
 ) -> None:
@@ -455,11 +450,6 @@ def test_a_check_function_whose_verdict_is_not_a_bool_is_not_taken_as_clean(
     assert done.returncode in (1, 2), done.stdout + done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a --check-python function that cannot be called with the root (no parameter) "
-    "makes every state a 'violation' (exit 1, BROKEN) instead of a usage error (exit 2)",
-)
 def test_a_check_function_that_takes_no_root_is_a_usage_error(tmp_path: Path) -> None:
     """A TypeError calling the check is no verdict on the save: exit 2, saying so."""
     write(tmp_path, "workload.py", SMALL_SAVE)
@@ -472,11 +462,6 @@ def test_a_check_function_that_takes_no_root_is_a_usage_error(tmp_path: Path) ->
     assert done.returncode == 2, done.stdout + done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a --check command naming a script that does not exist (python's exit 2, not the "
-    "shell's 127) makes every state a violation: 'BROKEN', exit 1, for a typo",
-)
 def test_a_check_command_whose_script_is_missing_is_a_usage_error(tmp_path: Path) -> None:
     """python resmue.py (a typo) rejects even the empty state: no verdict, exit 2."""
     write(tmp_path, "workload.py", SMALL_SAVE)
