@@ -34,12 +34,12 @@ from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, Workloa
 from atomic_ckpt.testing.audit._guards import check_root, check_workdir
 from atomic_ckpt.testing.audit._materialize import (
     hard_linked,
-    private_dir,
     refuse_long_paths,
     refuse_special,
     set_aside,
     walk_tree,
 )
+from atomic_ckpt.testing.audit._private import private_dir
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
 from atomic_ckpt.testing.audit._times import before_the_run, mtimes, state_times

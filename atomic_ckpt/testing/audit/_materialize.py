@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import hashlib
 import os
 import shutil
 import signal
@@ -22,6 +20,7 @@ from atomic_ckpt.testing._sparse import Data, stored, text, write_to
 from atomic_ckpt.testing._states import _Flat
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._mounts import detach_mounts, is_mount_point
+from atomic_ckpt.testing.audit._private import aside_path, locked
 
 _Key = tuple[int, int, int, int]
 
@@ -250,83 +249,6 @@ class Materializer:
 
 class Interrupted(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) arrived during an audit: the original directory is put back."""
-
-
-PRIVATE = ".atomic-ckpt-audit"
-"""The audits' own directory, at the top of the filesystem the audited directory is on."""
-
-
-def _mount_top(path: Path) -> Path:
-    path = Path(os.path.realpath(path))
-    while not os.path.ismount(path):
-        path = path.parent
-    return path
-
-
-def private_dir(near: Path) -> Path:
-    """A directory only audits use, on the filesystem of ``near`` (so that a rename parks
-    the original there): ``.atomic-ckpt-audit`` at the top of that filesystem, else in
-    the home directory if it is on it, else in ``near`` itself; mode 0700, this user's."""
-    dev = os.stat(near).st_dev
-    for base in (_mount_top(near) / PRIVATE, Path.home() / PRIVATE, near / PRIVATE):
-        with contextlib.suppress(OSError):
-            base.mkdir(mode=0o700, exist_ok=True)
-            st = os.lstat(base)
-            if (
-                stat.S_ISDIR(st.st_mode)
-                and st.st_dev == dev
-                and st.st_uid == os.geteuid()
-                and not st.st_mode & 0o077
-            ):
-                return base
-    raise AuditError(
-        f"found no private directory on the filesystem of {near} to keep the original in "
-        f"while the audit runs: make {near / PRIVATE} a directory only you can write (mode 0700)"
-    )
-
-
-def _name(root: Path) -> str:
-    digest = hashlib.sha256(
-        os.fsencode(os.path.join(os.path.realpath(root.parent), root.name))
-    ).hexdigest()[:20]
-    return f"{root.name[:40]}-{digest}"
-
-
-def aside_path(root: Path) -> Path:
-    """Where the original ``root`` waits while crash states are shown at its path: in the
-    audits' private directory, out of the workload's and the check's reach."""
-    return private_dir(root.parent) / f"{_name(root)}.original"
-
-
-@contextlib.contextmanager
-def locked(root: Path) -> Iterator[None]:
-    """Hold the lock on the name ``root`` (it need not exist): one audit at a time. The
-    lock file is removed when released; a lock taken on a file removed meanwhile is
-    retaken on the new one."""
-    lock = private_dir(root.parent) / f"{_name(root)}.lock"
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
-            os.close(fd)
-            raise AuditError(
-                f"another audit of {root} is running ({holder}); it shows crash states at "
-                f"that path: wait for it to end, then audit again"
-            ) from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                break
-        os.close(fd)  # its holder removed it as we opened it: take the new one
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock)
-        os.close(fd)
 
 
 def remove(path: Path) -> None:

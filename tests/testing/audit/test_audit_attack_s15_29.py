@@ -208,11 +208,6 @@ OUTER_CHECK = """\
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the lock is per name: an audit of ckpts/ while one of ckpts/sub runs parks the "
-    "inner audit's crash state as the original, and the user's ckpts/sub is deleted",
-)
 def test_two_audits_of_nested_directories_leave_the_users_files(tmp_path: Path) -> None:
     """An audit of ckpts/sub, then one of ckpts/ while the first runs: both end, and
     ckpts/ holds what it held before (or the second refuses to start)."""
