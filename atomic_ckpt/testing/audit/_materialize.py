@@ -20,7 +20,7 @@ from atomic_ckpt.testing._sparse import Data, stored, text, write_to
 from atomic_ckpt.testing._states import _Flat
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._mounts import detach_mounts, is_mount_point
-from atomic_ckpt.testing.audit._private import aside_path, locked
+from atomic_ckpt.testing.audit._private import absent_path, aside_path, locked
 
 _Key = tuple[int, int, int, int]
 
@@ -271,11 +271,19 @@ def set_aside(root: Path) -> Iterator[Path | None]:
     at ``root`` is removed first.
     """
     with locked(root):
-        aside = aside_path(root)
+        aside, absent = aside_path(root), absent_path(root)
         if os.path.lexists(aside):
             raise AuditError(
                 f"{aside} exists: an earlier audit of {root} was killed before it could put "
-                f"the original back; check it, move it back to {root} (or remove it), then "
+                f"the original back, so {root} holds a crash state it showed there, not "
+                f"your directory. Check {aside}, remove the crash state at {root}, then "
+                f"move it back to {root} (or remove it) and audit again"
+            )
+        if os.path.lexists(absent):
+            raise AuditError(
+                f"an earlier audit of {root}, which did not exist then, was killed before it "
+                f"could remove the crash state it showed there: what is at {root} is that "
+                f"crash state, not yours. Remove it (check it first) and {absent}, then "
                 f"audit again"
             )
         if is_mount_point(root):
@@ -294,11 +302,14 @@ def set_aside(root: Path) -> Iterator[Path | None]:
                 previous[sig] = signal.signal(sig, interrupted)
         held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
         signal.pthread_sigmask(signal.SIG_BLOCK, held)  # no interrupt until it is parked
-        moved = ready = False
+        moved = marked = ready = False
         try:
             if os.path.lexists(root):
                 os.rename(root, aside)
                 moved = True
+            else:  # a killed audit's crash state is then told from a directory of yours
+                os.close(os.open(absent, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                marked = True
             ready = True  # from here on, what is at root is the audit's
             signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
             yield aside if moved else None
@@ -307,6 +318,8 @@ def set_aside(root: Path) -> Iterator[Path | None]:
             try:
                 if ready:
                     remove(root)
+                if marked:  # only once nothing of the audit's is left at root
+                    os.unlink(absent)
             finally:
                 if moved:
                     os.rename(aside, root)

@@ -59,6 +59,12 @@ def aside_path(root: Path) -> Path:
     return private_dir(root.parent) / f"{_name(root)}.original"
 
 
+def absent_path(root: Path) -> Path:
+    """Where an audit of a ``root`` that did not exist notes so while it runs: what a
+    killed one left there is a crash state, not the user's (s15 attack)."""
+    return private_dir(root.parent) / f"{_name(root)}.absent"
+
+
 @contextlib.contextmanager
 def locked(root: Path) -> Iterator[None]:
     """Hold the lock on the name ``root`` (it need not exist) and a shared lock on the

@@ -336,11 +336,6 @@ def killed_audit(where: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a killed audit of a directory that did not exist, the crash state it "
-    "showed stays as the user's directory, and the next audit takes it for the original",
-)
 def test_the_audit_after_a_killed_one_does_not_take_its_crash_state_for_the_original(
     tmp_path: Path,
 ) -> None:
@@ -360,11 +355,6 @@ def test_the_audit_after_a_killed_one_does_not_take_its_crash_state_for_the_orig
             subprocess.run(["rm", "-rf", str(PRIVATE / name)], check=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a killed audit the refusal says 'move it back to ckpts' without saying "
-    "ckpts now holds a crash state to remove first: mv then nests the original inside it",
-)
 def test_the_refusal_after_a_killed_audit_says_to_remove_the_crash_state_first(
     tmp_path: Path,
 ) -> None:
