@@ -468,11 +468,6 @@ DOTS_SAVE = """\
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a name ending in '...' loses its dots (read as strace's truncation ellipsis): "
-    "the replay refuses, blaming 'some write was not seen' (a process outside the trace)",
-)
 def test_a_file_named_with_three_trailing_dots_is_judged(tmp_path: Path) -> None:
     """ckpts/1/w... written unsynced: judged broken (exit 1), not refused."""
     write(tmp_path, "workload.py", DOTS_SAVE)
