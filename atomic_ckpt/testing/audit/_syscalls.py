@@ -50,7 +50,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "readv": (MODELLED, "moves the file offset"),
     "pread64": (IGNORED, "reads, offset unmoved"),
     "preadv": (IGNORED, "reads, offset unmoved"),
-    "preadv2": (IGNORED, "reads, offset unmoved"),
+    "preadv2": (MODELLED, "reads; at offset -1 moves the file offset, as readv"),
     "write": (
         MODELLED,
         "the bytes (hex dump), at the offset, each separate write its own fate; on "

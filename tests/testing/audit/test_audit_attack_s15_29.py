@@ -548,11 +548,6 @@ def test_a_disk_too_full_for_the_working_copy_is_refused_saying_why(tmp_path: Pa
 # ---- 9. preadv2 at the file offset (-1) moves it, as readv does
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="preadv2 with offset -1 reads at (and moves) the file offset, but the table says "
-    "'offset unmoved': the next write is replayed at 0 and the audit refuses the run",
-)
 def test_preadv2_at_the_file_offset_moves_it(tmp_path: Path) -> None:
     """A header read with preadv2(-1, RWF_HIPRI), then a write and an fsync: the write is
     at 4 (HEADBODY), the save judged (exit 0 with a check that accepts it)."""
