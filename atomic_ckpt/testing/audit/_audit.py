@@ -19,7 +19,6 @@ from pathlib import Path
 
 from atomic_ckpt.testing._results import AUDIT_MODELS
 from atomic_ckpt.testing._sparse import Data, all_zero, load, text
-from atomic_ckpt.testing._sparse import copy as copy_sparse
 from atomic_ckpt.testing._sparse import digest as data_digest
 from atomic_ckpt.testing._states import _Candidate, _CrashModel, _Flat
 from atomic_ckpt.testing.audit._checks import (
@@ -33,6 +32,7 @@ from atomic_ckpt.testing.audit._checks import (
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
 from atomic_ckpt.testing.audit._guards import check_root, check_workdir
 from atomic_ckpt.testing.audit._materialize import (
+    copy_original,
     hard_linked,
     refuse_long_paths,
     refuse_special,
@@ -136,7 +136,7 @@ def audit(
                     raise CannotRebuild(
                         os.fspath(root), [(p, "hard-linked (more than one name)") for p in linked]
                     )
-                shutil.copytree(original, path, symlinks=True, copy_function=copy_sparse)
+                copy_original(original, path)
             began = time.monotonic()
             with _judging(path):
                 recorder = TraceRecorder(path)  # the tree the workload starts from

@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 from atomic_ckpt.testing._sparse import Data, stored, text, write_to
+from atomic_ckpt.testing._sparse import copy as copy_sparse
 from atomic_ckpt.testing._states import _Flat
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._mounts import detach_mounts, is_mount_point
@@ -249,6 +250,27 @@ class Materializer:
 
 class Interrupted(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) arrived during an audit: the original directory is put back."""
+
+
+def copy_original(original: Path, path: Path) -> None:
+    """Copy the parked ``original`` to ``path`` for the workload to start from; a disk too
+    full for it is an :class:`AuditError` that says how much room the copy needs (s15
+    attack: shutil.Error's raw list of tuples was the message)."""
+    try:
+        shutil.copytree(original, path, symlinks=True, copy_function=copy_sparse)
+    except OSError as exc:
+        said = exc.args[0] if isinstance(exc, shutil.Error) and exc.args else [exc]
+        if not any(f"[Errno {errno.ENOSPC}]" in str(e) for e in said) and not (
+            exc.errno == errno.ENOSPC
+        ):
+            raise
+        need = sum(st.st_blocks * 512 for _, st, _, _ in walk_tree(original))
+        raise AuditError(
+            f"no space left on the filesystem of {path} for the audit's working copy of the "
+            f"directory (it is copied for the workload to start from): it needs about {need} "
+            f"bytes free beside the directory itself; make room, or audit a smaller "
+            f"directory. Nothing was judged, and {path} is as it was"
+        ) from None
 
 
 def remove(path: Path) -> None:

@@ -517,11 +517,6 @@ def test_a_root_under_a_same_filesystem_bind_mount_is_audited(tmp_path: Path) ->
 
 
 @ROOT_ONLY
-@pytest.mark.xfail(
-    strict=True,
-    reason="no room for the working copy of the directory: the audit prints shutil.Error's "
-    "raw list of (source, target, '[Errno 28] ...') tuples, not what space it needs",
-)
 def test_a_disk_too_full_for_the_working_copy_is_refused_saying_why(tmp_path: Path) -> None:
     """A 2 MiB filesystem holding a 1.3 MB checkpoint: exit 2, one line that says the copy
     needs that much free space, and the checkpoint intact."""
