@@ -20,7 +20,7 @@ from pathlib import Path
 from atomic_ckpt.testing._states import _Flat
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._materialize import Materializer, remove
-from atomic_ckpt.testing.audit._procs import end_group
+from atomic_ckpt.testing.audit._procs import children, end_group, end_orphans
 
 Check = str | Sequence[str] | Callable[[Path], object]
 """A shell command line, an argv, or a function of the audited path that raises (or
@@ -279,6 +279,7 @@ def run_checks(
         root.mkdir()  # the mount point each private namespace binds its state over
         shows = [Materializer(scratch / f"state{j}") for j in range(jobs)]
     free = list(range(jobs))
+    before = children()  # a caller's own children are never a check's orphans
     running: dict[int, tuple[Running, int]] = {}
     outcomes: dict[int, Outcome] = {}
     failing = 0
@@ -291,6 +292,7 @@ def run_checks(
                 outcomes[i] = outcome
                 failing += outcome.status != 0
                 del running[slot]
+                end_orphans({r._pid for r, _ in running.values()}, before)
                 free.append(slot)
                 if show:
                     print(
@@ -333,6 +335,7 @@ def run_checks(
     finally:
         for r, _ in running.values():
             r.kill()
+        end_orphans((), before)
         if show:
             print(file=sys.stderr)
     return outcomes

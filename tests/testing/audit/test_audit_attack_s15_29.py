@@ -266,11 +266,6 @@ SMALL_SAVE = """\
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a daemon a check starts in a session of its own outlives the audit and "
-    "deletes the user's checkpoints after the original was put back; nothing is said",
-)
 def test_a_daemon_started_by_a_check_does_not_touch_the_users_directory(tmp_path: Path) -> None:
     """After the audit returns, nothing it started changes ckpts/ (or it refuses)."""
     (tmp_path / "ckpts" / "0").mkdir(parents=True)
