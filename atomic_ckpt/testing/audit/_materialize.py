@@ -283,6 +283,21 @@ def remove(path: Path) -> None:
         os.unlink(path)
 
 
+def _park(root: Path, aside: Path) -> None:
+    try:
+        os.rename(root, aside)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        raise AuditError(
+            f"{root} cannot be moved aside within its filesystem (the kernel says EXDEV, a "
+            f"cross-device rename): on overlayfs (a container image) a directory of a lower "
+            f"layer cannot be renamed, nor can a directory across a mount. Audit a copy "
+            f"in a writable directory (cp -a {root} ckpts-copy; --root ckpts-copy); "
+            f"nothing was judged, and {root} is as it was"
+        ) from None
+
+
 @contextlib.contextmanager
 def set_aside(root: Path) -> Iterator[Path | None]:
     """Lock the name ``root``, park the directory there (if any) in the audits' private
@@ -327,7 +342,7 @@ def set_aside(root: Path) -> Iterator[Path | None]:
         moved = marked = ready = False
         try:
             if os.path.lexists(root):
-                os.rename(root, aside)
+                _park(root, aside)
                 moved = True
             else:  # a killed audit's crash state is then told from a directory of yours
                 os.close(os.open(absent, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

@@ -12,14 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from atomic_ckpt.testing.audit._errors import AuditError
+from atomic_ckpt.testing.audit._mounts import is_mount_point
 
 PRIVATE = ".atomic-ckpt-audit"
 """The audits' own directory, at the top of the filesystem the audited directory is on."""
 
 
 def _mount_top(path: Path) -> Path:
+    """The mount point ``path`` is under: a bind mount from the same filesystem included
+    (``os.path.ismount`` misses one, and a rename across it is EXDEV: s15 attack)."""
     path = Path(os.path.realpath(path))
-    while not os.path.ismount(path):
+    while not is_mount_point(path):
         path = path.parent
     return path
 

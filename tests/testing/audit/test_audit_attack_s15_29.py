@@ -1,5 +1,5 @@
-"""Outside attacks on issue 29 (session 15, atk29): each test is a defect still open, marked
-xfail (strict) so the branch stays green and a fix turns it into a pass.
+"""Outside attacks on issue 29 (session 15, atk29): each test was a defect, marked xfail
+(strict) until fixed (s15-auditfix); all are fixed now.
 
 Each runs ``atomic-ckpt audit`` end to end (the CLI, as a user does) on a tiny workload in
 ``tmp_path``.
@@ -286,11 +286,6 @@ def test_a_daemon_started_by_a_check_does_not_touch_the_users_directory(tmp_path
 
 
 @ROOT_ONLY
-@pytest.mark.xfail(
-    strict=True,
-    reason="a root in an overlayfs lower layer cannot be renamed aside (EXDEV): the audit "
-    "prints the raw '[Errno 18] Invalid cross-device link' with no reason or remedy",
-)
 def test_a_root_in_an_overlay_lower_layer_is_refused_saying_why(tmp_path: Path) -> None:
     """A checkpoint directory baked into a container image (overlayfs lower layer): exit 2
     with a message that names overlayfs and what to do, not a bare errno."""
@@ -483,11 +478,6 @@ def test_a_file_named_with_three_trailing_dots_is_judged(tmp_path: Path) -> None
 
 
 @ROOT_ONLY
-@pytest.mark.xfail(
-    strict=True,
-    reason="under a bind mount of the same filesystem the private directory is put on "
-    "another mount (ismount misses it): the rename aside fails with a raw EXDEV",
-)
 def test_a_root_under_a_same_filesystem_bind_mount_is_audited(tmp_path: Path) -> None:
     """alias/ is a bind mount of real/ (same filesystem): an audit of alias/ckpts runs (or
     refuses saying why), never '[Errno 18] Invalid cross-device link'."""
