@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from atomic_ckpt.testing.audit import AUDIT_MODELS, AuditError, audit
+from atomic_ckpt.testing.audit import AUDIT_MODELS, AuditError, adopt_orphans, audit
 
 EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_ERROR = 0, 1, 2
 
@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             "atomic-ckpt audit: error: give the workload after --: -- CMD [ARG...]", file=sys.stderr
         )
         return EXIT_ERROR
+    adopt_orphans()  # a daemon a check starts ends with the check (s15 attack)
     try:
         json_path = None if args.json is None else _json_target(args.json, args.root)
         check = args.check if args.check is not None else _function(args.check_python)

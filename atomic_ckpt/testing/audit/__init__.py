@@ -19,6 +19,7 @@ from atomic_ckpt.testing._results import AUDIT_MODELS
 from atomic_ckpt.testing.audit._audit import audit
 from atomic_ckpt.testing.audit._checks import Check
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
+from atomic_ckpt.testing.audit._procs import adopt_orphans
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import StraceNotFound
 
@@ -31,5 +32,6 @@ __all__ = [
     "StraceNotFound",
     "Violation",
     "WorkloadFailed",
+    "adopt_orphans",
     "audit",
 ]

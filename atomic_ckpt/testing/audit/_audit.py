@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import os
 import random
+import re
 import shutil
 import stat
 import sys
@@ -18,24 +19,32 @@ from pathlib import Path
 
 from atomic_ckpt.testing._results import AUDIT_MODELS
 from atomic_ckpt.testing._sparse import Data, all_zero, load, text
-from atomic_ckpt.testing._sparse import copy as copy_sparse
 from atomic_ckpt.testing._sparse import digest as data_digest
 from atomic_ckpt.testing._states import _Candidate, _CrashModel, _Flat
-from atomic_ckpt.testing.audit._checks import Check, Outcome, namespaces_available, run_checks, tail
+from atomic_ckpt.testing.audit._checks import (
+    Check,
+    Outcome,
+    callable_with_root,
+    namespaces_available,
+    run_checks,
+    tail,
+)
 from atomic_ckpt.testing.audit._errors import AuditError, CannotRebuild, WorkloadFailed
 from atomic_ckpt.testing.audit._guards import check_root, check_workdir
 from atomic_ckpt.testing.audit._materialize import (
+    copy_original,
     hard_linked,
-    private_dir,
     refuse_long_paths,
     refuse_special,
     set_aside,
     walk_tree,
 )
+from atomic_ckpt.testing.audit._private import private_dir
 from atomic_ckpt.testing.audit._report import AuditReport, Violation
 from atomic_ckpt.testing.audit._strace import read_calls, record_command, strace_path
 from atomic_ckpt.testing.audit._times import before_the_run, mtimes, state_times
 from atomic_ckpt.testing.audit._trace import TraceRecorder
+from atomic_ckpt.testing.audit._trace._links import links_out
 
 POWER_SAMPLING = (
     "power: each unsynced write's fate is its own (one-file and one-write deviations built "
@@ -107,6 +116,8 @@ def audit(
     if not path.parent.is_dir():
         raise AuditError(f"the parent of the audited directory, {path.parent}, does not exist")
     check_root(path)
+    if callable(check):
+        callable_with_root(check)  # s15 attack: no parameter made every state "broken"
     check_workdir(path, workdir)  # issue 29 attack 03: a cwd inside root runs in the original
     argv = ["/bin/sh", "-c", workload] if isinstance(workload, str) else list(workload)
     show = sys.stderr.isatty() if progress is None else progress
@@ -125,7 +136,7 @@ def audit(
                     raise CannotRebuild(
                         os.fspath(root), [(p, "hard-linked (more than one name)") for p in linked]
                     )
-                shutil.copytree(original, path, symlinks=True, copy_function=copy_sparse)
+                copy_original(original, path)
             began = time.monotonic()
             with _judging(path):
                 recorder = TraceRecorder(path)  # the tree the workload starts from
@@ -227,6 +238,11 @@ def _replay(
             f"workload's working directory); nothing was judged"
         )
     states, distinct = _plan(model, models, seed)
+    # a link's meaning follows the tree (a rename, a link to "." made later: s15 attack):
+    # judged in every state a check would be shown, none of which may lead out
+    out = {p: why for s in states for p, why in links_out(s.flat, recorder._bases())}
+    if out:
+        raise CannotRebuild(os.fspath(path), sorted(out.items()))
     return model, states, distinct
 
 
@@ -337,10 +353,12 @@ def _check_the_end(
     env: Mapping[str, str] | None,
 ) -> None:
     """A check command that cannot run (the shell's 127, command not found, or 126, not
-    executable) on the directory as the workload left it would make every crash state a
-    "violation" that says nothing about crashes (audit5 attack 10): refused
-    (:class:`AuditError`). Any other rejection of that state is judged as the crash right
-    after the last operation (a workload whose own end does not load is broken)."""
+    executable; or a usage error, exit 2, the same on the first state as on the last: a
+    script that is not there, s15 attack) on the directory as the workload left it would
+    make every crash state a "violation" that says nothing about crashes (audit5 attack
+    10): refused (:class:`AuditError`). Any other rejection of that state is judged as the
+    crash right after the last operation (a workload whose own end does not load is
+    broken)."""
     if callable(check):
         return
     final = model._build(range(len(model.ops)), {})
@@ -348,12 +366,24 @@ def _check_the_end(
         [final], [0], check, root=path, scratch=scratch, jobs=1, timeout=timeout,
         cwd=cwd, env=env, show=False,
     )[0]  # fmt: skip
-    if end.status in (126, 127):
-        said = [line.strip(" |") for line in end.output.splitlines() if line.strip(" |")]
-        raise AuditError(
-            f"the check command could not run (exit {end.status}"
-            f"{': ' + said[-1] if said else ''}); nothing was judged: fix the --check command"
-        )
+    if end.status == 2 and _USAGE.search(end.output):  # python's "can't open file", argparse
+        first = run_checks(
+            [model._build((), {})], [0], check, root=path, scratch=scratch, jobs=1,
+            timeout=timeout, cwd=cwd, env=env, show=False,
+        )[0]  # fmt: skip
+        if first.status != 2 or first.output != end.output:
+            return  # the first state and the last told apart: a verdict on the save
+    elif end.status not in (126, 127):
+        return
+    said = [line.strip(" |") for line in end.output.splitlines() if line.strip(" |")]
+    raise AuditError(
+        f"the check command could not run (exit {end.status}"
+        f"{': ' + said[-1] if said else ''}); nothing was judged: fix the --check command"
+    )
+
+
+_USAGE = re.compile(r"can't open file|^usage:|error: unrecognized arguments", re.M | re.I)
+"""What python and argparse say on a usage error (exit 2)."""
 
 
 def _listing(flat: _Flat) -> tuple[str, ...]:

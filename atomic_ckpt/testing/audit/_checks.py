@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import os
 import shutil
 import subprocess
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atomic_ckpt.testing._states import _Flat
+from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._materialize import Materializer, remove
-from atomic_ckpt.testing.audit._procs import end_group
+from atomic_ckpt.testing.audit._procs import children, end_group, end_orphans
 
 Check = str | Sequence[str] | Callable[[Path], object]
 """A shell command line, an argv, or a function of the audited path that raises (or
@@ -27,6 +29,8 @@ returns False) to reject the state."""
 _CLONE_NEWNS = 0x00020000
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
 _TAIL_LINES = 15
+NOT_A_VERDICT = ".not-a-verdict"
+"""Beside a check's output file: why the check function's return value was no verdict."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,9 @@ class Running:
             self._status = self._poll_status()
             if self._status is not None:  # what it left running in its group ends with it
                 end_group(self._pid)
+        refused = Path(f"{self.output}{NOT_A_VERDICT}")
+        if self._status is not None and refused.exists():
+            raise AuditError(f"{refused.read_text()}; nothing was judged")
         if self._status is None and self.deadline is not None and time.monotonic() > self.deadline:
             self.kill()
             self._status = 124
@@ -183,6 +190,8 @@ def _fork(
         code = 1 if result is False else 0
         if result is False:
             print(f"check {getattr(check, '__name__', check)!r} returned False", file=sys.stderr)
+        elif result is not True and result is not None:
+            code = _not_a_verdict(check, result, output)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -196,6 +205,45 @@ def _fork(
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _not_a_verdict(check: Callable[[Path], object], result: object, output: Path) -> int:
+    """A return value that is no verdict (a coroutine never awaited, a generator never
+    iterated, an exit status) says nothing about the state: the reason is left beside
+    ``output`` for the audit to refuse with (s15 attack: each was taken as a pass)."""
+    name = getattr(check, "__name__", repr(check))
+    what = type(result).__name__
+    if inspect.iscoroutine(result) or inspect.isgenerator(result) or inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # no "never awaited" warning: it is refused, not forgotten
+        hint = (
+            "an async or generator check never runs: return the verdict from a plain "
+            "function (call asyncio.run on the coroutine there)"
+        )
+    else:
+        hint = "an exit status is no verdict: return False (or raise) to reject the state"
+    why = f"the check function {name!r} returned a {what}, not True, False or None ({hint})"
+    Path(f"{output}{NOT_A_VERDICT}").write_text(why)
+    print(why, file=sys.stderr)
+    return 1
+
+
+def callable_with_root(check: Callable[[Path], object]) -> None:
+    """Refuse (:class:`AuditError`) a check function that cannot be called with the root:
+    every call would be a TypeError, a "violation" that says nothing about the save."""
+    try:
+        signature = inspect.signature(check)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call tell
+        return
+    try:
+        signature.bind(Path("."))
+    except TypeError as exc:
+        name = getattr(check, "__name__", repr(check))
+        raise AuditError(
+            f"the check function {name!r}{signature} cannot be called with the audited "
+            f"directory ({exc}); nothing was judged: give it one parameter, the path"
+        ) from None
 
 
 def _bind_privately(source: Path, target: Path) -> None:
@@ -231,6 +279,7 @@ def run_checks(
         root.mkdir()  # the mount point each private namespace binds its state over
         shows = [Materializer(scratch / f"state{j}") for j in range(jobs)]
     free = list(range(jobs))
+    before = children()  # a caller's own children are never a check's orphans
     running: dict[int, tuple[Running, int]] = {}
     outcomes: dict[int, Outcome] = {}
     failing = 0
@@ -243,6 +292,7 @@ def run_checks(
                 outcomes[i] = outcome
                 failing += outcome.status != 0
                 del running[slot]
+                end_orphans({r._pid for r, _ in running.values()}, before)
                 free.append(slot)
                 if show:
                     print(
@@ -285,6 +335,7 @@ def run_checks(
     finally:
         for r, _ in running.values():
             r.kill()
+        end_orphans((), before)
         if show:
             print(file=sys.stderr)
     return outcomes

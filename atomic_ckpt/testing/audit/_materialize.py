@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import hashlib
 import os
 import shutil
 import signal
@@ -19,9 +17,11 @@ from types import FrameType
 from typing import Any
 
 from atomic_ckpt.testing._sparse import Data, stored, text, write_to
+from atomic_ckpt.testing._sparse import copy as copy_sparse
 from atomic_ckpt.testing._states import _Flat
 from atomic_ckpt.testing.audit._errors import AuditError
 from atomic_ckpt.testing.audit._mounts import detach_mounts, is_mount_point
+from atomic_ckpt.testing.audit._private import absent_path, aside_path, locked
 
 _Key = tuple[int, int, int, int]
 
@@ -252,81 +252,25 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) arrived during an audit: the original directory is put back."""
 
 
-PRIVATE = ".atomic-ckpt-audit"
-"""The audits' own directory, at the top of the filesystem the audited directory is on."""
-
-
-def _mount_top(path: Path) -> Path:
-    path = Path(os.path.realpath(path))
-    while not os.path.ismount(path):
-        path = path.parent
-    return path
-
-
-def private_dir(near: Path) -> Path:
-    """A directory only audits use, on the filesystem of ``near`` (so that a rename parks
-    the original there): ``.atomic-ckpt-audit`` at the top of that filesystem, else in
-    the home directory if it is on it, else in ``near`` itself; mode 0700, this user's."""
-    dev = os.stat(near).st_dev
-    for base in (_mount_top(near) / PRIVATE, Path.home() / PRIVATE, near / PRIVATE):
-        with contextlib.suppress(OSError):
-            base.mkdir(mode=0o700, exist_ok=True)
-            st = os.lstat(base)
-            if (
-                stat.S_ISDIR(st.st_mode)
-                and st.st_dev == dev
-                and st.st_uid == os.geteuid()
-                and not st.st_mode & 0o077
-            ):
-                return base
-    raise AuditError(
-        f"found no private directory on the filesystem of {near} to keep the original in "
-        f"while the audit runs: make {near / PRIVATE} a directory only you can write (mode 0700)"
-    )
-
-
-def _name(root: Path) -> str:
-    digest = hashlib.sha256(
-        os.fsencode(os.path.join(os.path.realpath(root.parent), root.name))
-    ).hexdigest()[:20]
-    return f"{root.name[:40]}-{digest}"
-
-
-def aside_path(root: Path) -> Path:
-    """Where the original ``root`` waits while crash states are shown at its path: in the
-    audits' private directory, out of the workload's and the check's reach."""
-    return private_dir(root.parent) / f"{_name(root)}.original"
-
-
-@contextlib.contextmanager
-def locked(root: Path) -> Iterator[None]:
-    """Hold the lock on the name ``root`` (it need not exist): one audit at a time. The
-    lock file is removed when released; a lock taken on a file removed meanwhile is
-    retaken on the new one."""
-    lock = private_dir(root.parent) / f"{_name(root)}.lock"
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
-            os.close(fd)
-            raise AuditError(
-                f"another audit of {root} is running ({holder}); it shows crash states at "
-                f"that path: wait for it to end, then audit again"
-            ) from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                break
-        os.close(fd)  # its holder removed it as we opened it: take the new one
+def copy_original(original: Path, path: Path) -> None:
+    """Copy the parked ``original`` to ``path`` for the workload to start from; a disk too
+    full for it is an :class:`AuditError` that says how much room the copy needs (s15
+    attack: shutil.Error's raw list of tuples was the message)."""
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock)
-        os.close(fd)
+        shutil.copytree(original, path, symlinks=True, copy_function=copy_sparse)
+    except OSError as exc:
+        said = exc.args[0] if isinstance(exc, shutil.Error) and exc.args else [exc]
+        if not any(f"[Errno {errno.ENOSPC}]" in str(e) for e in said) and not (
+            exc.errno == errno.ENOSPC
+        ):
+            raise
+        need = sum(st.st_blocks * 512 for _, st, _, _ in walk_tree(original))
+        raise AuditError(
+            f"no space left on the filesystem of {path} for the audit's working copy of the "
+            f"directory (it is copied for the workload to start from): it needs about {need} "
+            f"bytes free beside the directory itself; make room, or audit a smaller "
+            f"directory. Nothing was judged, and {path} is as it was"
+        ) from None
 
 
 def remove(path: Path) -> None:
@@ -339,6 +283,21 @@ def remove(path: Path) -> None:
         os.unlink(path)
 
 
+def _park(root: Path, aside: Path) -> None:
+    try:
+        os.rename(root, aside)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        raise AuditError(
+            f"{root} cannot be moved aside within its filesystem (the kernel says EXDEV, a "
+            f"cross-device rename): on overlayfs (a container image) a directory of a lower "
+            f"layer cannot be renamed, nor can a directory across a mount. Audit a copy "
+            f"in a writable directory (cp -a {root} ckpts-copy; --root ckpts-copy); "
+            f"nothing was judged, and {root} is as it was"
+        ) from None
+
+
 @contextlib.contextmanager
 def set_aside(root: Path) -> Iterator[Path | None]:
     """Lock the name ``root``, park the directory there (if any) in the audits' private
@@ -349,11 +308,19 @@ def set_aside(root: Path) -> Iterator[Path | None]:
     at ``root`` is removed first.
     """
     with locked(root):
-        aside = aside_path(root)
+        aside, absent = aside_path(root), absent_path(root)
         if os.path.lexists(aside):
             raise AuditError(
                 f"{aside} exists: an earlier audit of {root} was killed before it could put "
-                f"the original back; check it, move it back to {root} (or remove it), then "
+                f"the original back, so {root} holds a crash state it showed there, not "
+                f"your directory. Check {aside}, remove the crash state at {root}, then "
+                f"move it back to {root} (or remove it) and audit again"
+            )
+        if os.path.lexists(absent):
+            raise AuditError(
+                f"an earlier audit of {root}, which did not exist then, was killed before it "
+                f"could remove the crash state it showed there: what is at {root} is that "
+                f"crash state, not yours. Remove it (check it first) and {absent}, then "
                 f"audit again"
             )
         if is_mount_point(root):
@@ -372,11 +339,14 @@ def set_aside(root: Path) -> Iterator[Path | None]:
                 previous[sig] = signal.signal(sig, interrupted)
         held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
         signal.pthread_sigmask(signal.SIG_BLOCK, held)  # no interrupt until it is parked
-        moved = ready = False
+        moved = marked = ready = False
         try:
             if os.path.lexists(root):
-                os.rename(root, aside)
+                _park(root, aside)
                 moved = True
+            else:  # a killed audit's crash state is then told from a directory of yours
+                os.close(os.open(absent, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                marked = True
             ready = True  # from here on, what is at root is the audit's
             signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
             yield aside if moved else None
@@ -385,6 +355,8 @@ def set_aside(root: Path) -> Iterator[Path | None]:
             try:
                 if ready:
                     remove(root)
+                if marked:  # only once nothing of the audit's is left at root
+                    os.unlink(absent)
             finally:
                 if moved:
                     os.rename(aside, root)

@@ -171,8 +171,10 @@ _SIMPLE = {"n": 10, "t": 9, "r": 13, "v": 11, "f": 12, "a": 7, "b": 8, "e": 27}
 
 
 def unescape(text: str) -> str:
-    """A C string as strace prints it (quotes and a trailing ``...`` allowed), decoded."""
-    if text.endswith("..."):
+    """A C string as strace prints it (quotes and a trailing ``...`` allowed), decoded.
+    strace's ellipsis (a string cut at ``-s``) follows the closing quote; a name's own
+    trailing dots (``w...``, unquoted in a descriptor's ``<path>``) are kept (s15 attack)."""
+    if text.endswith('"...'):
         text = text[:-3]
     if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
         text = text[1:-1]

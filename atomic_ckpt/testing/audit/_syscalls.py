@@ -50,7 +50,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "readv": (MODELLED, "moves the file offset"),
     "pread64": (IGNORED, "reads, offset unmoved"),
     "preadv": (IGNORED, "reads, offset unmoved"),
-    "preadv2": (IGNORED, "reads, offset unmoved"),
+    "preadv2": (MODELLED, "reads; at offset -1 moves the file offset, as readv"),
     "write": (
         MODELLED,
         "the bytes (hex dump), at the offset, each separate write its own fate; on "
@@ -113,7 +113,11 @@ TABLE: dict[str, tuple[str, str]] = {
         "as link (AT_SYMLINK_FOLLOW follows); AT_EMPTY_PATH or /proc/self/fd/N: the "
         "descriptor's file (an O_TMPFILE one named)",
     ),
-    "symlink": (MODELLED, "a symlink; one leading out of the tree that is used is refused"),
+    "symlink": (
+        MODELLED,
+        "a symlink; one leading out of the tree (resolved as the kernel does, in any crash "
+        "state) is refused",
+    ),
     "symlinkat": (MODELLED, "as symlink"),
     "bind": (MODELLED, "a Unix socket bound at a path in the tree (a socket node) refused"),
     "chdir": (MODELLED, "the working directory (shared by CLONE_FS threads)"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atomic_ckpt.testing.audit import AuditError, audit
-from atomic_ckpt.testing.audit._materialize import _name
+from atomic_ckpt.testing.audit._private import _name
 
 WORKLOAD = [sys.executable, "-c", "open('model.pt', 'w').write('x')"]
 

@@ -126,6 +126,12 @@ class _Data(_Replay):
 
     _sys_readv = _sys_read
 
+    def _sys_preadv2(self, call: Call) -> None:
+        """At offset -1 preadv2 reads at (and moves) the file offset, as readv does (s15
+        attack); at any other offset it leaves it."""
+        if len(call.args) > 3 and int_arg(call.args[3]) == -1:
+            self._sys_read(call)
+
     def _sys_lseek(self, call: Call) -> None:
         opened = self._file(call)
         if opened is not None and call.ret is not None:

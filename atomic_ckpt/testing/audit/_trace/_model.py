@@ -14,6 +14,7 @@ from atomic_ckpt.testing._mirror import _UNIVERSE, _Mirror
 from atomic_ckpt.testing._sparse import Buffer, Data, cut, freeze, put, text, thaw, zero
 from atomic_ckpt.testing._writes import coalesce, replay
 from atomic_ckpt.testing.audit._strace import AT_FDCWD, Call, fd_arg, unescape
+from atomic_ckpt.testing.audit._trace._links import links_out, model_entries
 
 UNPLACED = "/(a descriptor the replay cannot place) "
 """The base of a path relative to a descriptor the replay cannot place (no directory of
@@ -169,16 +170,7 @@ class _Replay(_Mirror):
     def _outside_links(self) -> None:
         """A symlink already in the tree that leads out of it is refused: every crash state
         would show the live target, whatever the workload did to it."""
-        for inode, rel in self._inode_names.items():
-            node = self.inodes[inode]
-            if node.kind != "symlink":
-                continue
-            target = text(node.data)
-            parent = os.path.dirname(os.path.join(self.root_real, rel))
-            if self._rel(os.path.join(parent, target)) is None:
-                self.refusals.append(
-                    (rel, f"cannot rebuild: {rel} is a symlink out of the audited tree -> {target}")
-                )
+        self.refusals.extend(links_out(model_entries(self.inodes), self._bases()))
 
     def _cwd(self, tid: int) -> list[str]:
         return self.cwd.setdefault(tid, [self._start_cwd])

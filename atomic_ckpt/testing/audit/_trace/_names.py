@@ -6,6 +6,7 @@ import os
 import re
 
 from atomic_ckpt.testing.audit._strace import Call, int_arg, unescape
+from atomic_ckpt.testing.audit._trace._links import model_lookup, resolve
 from atomic_ckpt.testing.audit._trace._model import _Replay
 
 _AT_REMOVEDIR = 0x200
@@ -194,8 +195,8 @@ class _Names(_Replay):
         if dst is None:
             return
         text = unescape(target)
-        parent = os.path.dirname(os.path.join(self.root_real, dst[3]))
-        if self._rel(os.path.join(parent, text)) is None:
+        at = self._path_of(dst[0])
+        if at is None or resolve(model_lookup(self.inodes), self._bases(), at, text) is None:
             self._refuse(
                 call,
                 f"a symlink out of the audited tree ({dst[3]} -> {text}): the check would "
