@@ -184,14 +184,14 @@ INNER_CHECK = """\
             return True
         (here / "outer.started").touch()
         log = open(here / "outer.log", "w")
-        subprocess.Popen(
+        outer = subprocess.Popen(
             [sys.executable, "-m", "atomic_ckpt.cli", "audit", "--root", "ckpts",
              "--max-states", "2", "--check", f"{sys.executable} outer_check.py", "--",
              sys.executable, "outer_workload.py", str(here / "outer.recorded")],
             cwd=here, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        for _ in range(1200):
-            if (here / "outer.checking").exists():
+        for _ in range(1200):  # until the outer audit checks, or ends (it refused)
+            if (here / "outer.checking").exists() or outer.poll() is not None:
                 break
             time.sleep(0.1)
         return True
