@@ -7,12 +7,13 @@ per second, and the review defects it catches.
 Every sequence of the alphabet (``atomic_ckpt.testing.alphabet`` plus the command line's
 actions of ``tests/testing/model_cli.py``) from every starting root is checked live
 against the reference model, and its last action under every ``kill`` and ``power`` crash
-state (``atomic_ckpt.testing.sequences``), every single action under ``subset`` too; then
+state (``atomic_ckpt.testing.sequences``), every single action under ``subset`` too (in
+the same exploration: each sequence and each distinct state is counted once); then
 each API mutant is put back and its sequence must fail. Prints progress, then as its
 last line one JSON object:
-``{"actions", "sequences", "crash_states", "distinct_states", "mutants", "mutants_killed",
-"seconds", "states_per_second", "failures"}``. Exits 1 if a sequence fails or a mutant
-survives.
+``{"actions", "sequences", "checked_under", "crash_states", "distinct_states", "mutants",
+"mutants_killed", "seconds", "states_per_second", "failures"}``. Exits 1 if a sequence
+fails or a mutant survives.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ sys.path.insert(0, str(REPO / "tests" / "testing"))
 
 from model_cli import CLI_ACTIONS  # noqa: E402
 
-from atomic_ckpt.testing.alphabet import ALPHABET, ROOTS, by_name  # noqa: E402
+from atomic_ckpt.testing.actions import Action  # noqa: E402
+from atomic_ckpt.testing.alphabet import ALPHABET, ROOTS, Root, by_name  # noqa: E402
 from atomic_ckpt.testing.mutants import (  # noqa: E402
     API_MUTANTS,
     KILLED_BY,
@@ -42,11 +44,20 @@ from atomic_ckpt.testing.sequences import (  # noqa: E402
     Totals,
     check_sequence,
     default_run,
-    sequences,
 )
 
 KILL_POWER = ("kill", "power")
-SUBSET = ("subset",)
+SEQ1_MODELS = (*KILL_POWER, "subset")
+
+
+def make_plan(
+    todo: list[tuple[Root, tuple[Action, ...]]],
+) -> list[tuple[Root, tuple[Action, ...], tuple[str, ...]]]:
+    """Each sequence of ``todo`` once, with the crash models it is checked under: a single
+    action under ``kill``, ``power`` and ``subset`` together (one exploration, so a state
+    two models reach counts once; tests/testing/test_model_reordered.py), a longer one
+    under ``kill`` and ``power``."""
+    return [(r, s, SEQ1_MODELS if len(s) == 1 else KILL_POWER) for r, s in todo]
 
 
 def main() -> int:
@@ -72,11 +83,7 @@ def main() -> int:
         tail = todo[n1:]
         random.Random(args.seed).shuffle(tail)
         todo = todo[:n1] + tail
-    # ... and every seq-1 again under the subset model (tests/testing/test_model_reordered.py)
-    n1 = len(alphabet) * len(ROOTS)
-    subset = [(r, s, SUBSET) for r, s in sequences(1, alphabet=alphabet)]
-    plan = [(r, s, KILL_POWER) for r, s in todo[:n1]] + subset
-    plan += [(r, s, KILL_POWER) for r, s in todo[n1:]]
+    plan = make_plan(todo)
     totals = Totals()
     start = time.monotonic()
     stop = start + args.minutes * 60 if args.minutes else None
@@ -114,6 +121,7 @@ def main() -> int:
             {
                 "actions": [a.name for a in alphabet],
                 "sequences": totals.sequences,
+                "checked_under": {"seq-1": list(SEQ1_MODELS), "longer": list(KILL_POWER)},
                 "crash_states": totals.crash_states,
                 "distinct_states": totals.distinct_states,
                 "mutants": len(API_MUTANTS),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import shutil
@@ -101,6 +102,49 @@ def pytest_configure(config: pytest.Config) -> None:
     _IS_WORKER.append(hasattr(config, "workerinput"))
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In a run of the slow tier alone (``-m slow``, as ``.ci/run`` does on 4 workers),
+    leave out test files that cannot hold a slow test: every slow test's file spells the
+    mark (``pytest.mark.slow``, or at least the word "slow"), so a file without the word is
+    not imported. Collecting the whole suite costs each worker about 20 s of CPU (torch,
+    the frameworks, every module); the slow tier's 15 files are a fraction of that. Any
+    other marker expression (``-m ""``, the default ``not slow``) collects everything."""
+    if config.getoption("markexpr", "") != "slow":
+        return None
+    name = collection_path.name
+    if collection_path.suffix != ".py" or not name.startswith("test_"):
+        return None
+    return not _says_slow(collection_path)
+
+
+def _says_slow(path: Path) -> bool:
+    try:
+        return "slow" in path.read_text(encoding="utf-8").lower()
+    except OSError:
+        return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The rule :func:`pytest_ignore_collect` relies on, checked in every run that collects
+    the whole suite (the README's command among them): a slow test whose file does not say
+    "slow" (a mark reached through another module's name) would be silently left out of
+    ``-m slow``, so it stops the run instead."""
+    checked: dict[Path, bool] = {}
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            continue
+        path = item.path
+        if path not in checked:
+            checked[path] = _says_slow(path)
+        if not checked[path]:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked slow but its file never says 'slow': `-m slow` "
+                "would not collect it (tests/conftest.py, pytest_ignore_collect). Mark it "
+                "with pytest.mark.slow written in the file."
+            )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
     item.stash[_CPU_AT_START] = _cpu_seconds()
@@ -139,3 +183,13 @@ def _time_summary(tr: pytest.TerminalReporter) -> None:
     )
     for path, wall in _FILE_WALL.most_common(TIME_SUMMARY_FILES):
         tr.write_line(f"{wall:8.1f} s {_FILE_CPU[path]:8.1f} s  {path}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection made (torch, the frameworks, every test module: millions of
+    objects) out of the garbage collector's reach (``gc.freeze``): each full collection a
+    test triggers then walks only what tests made since, not the whole heap again."""
+    if os.environ.get("ATOMIC_CKPT_NO_GC_FREEZE"):
+        return
+    gc.collect()
+    gc.freeze()

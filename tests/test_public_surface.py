@@ -29,6 +29,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "DistributedNotInitializedError",
         "Entry",
         "FileEntry",
+        "InsideCheckpointError",  # added for the final save into a checkpoint (issue 35)
         "InvalidRootError",
         "InvalidStepError",
         "MARKER",

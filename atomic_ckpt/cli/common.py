@@ -44,8 +44,13 @@ def error_lines(exc: BaseException) -> list[str]:
     return [f"atomic-ckpt: error: {message}"]
 
 
+_COLLAPSED_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
+"""A URL whose ``//`` a wrapper's pathlib.Path collapsed (``gs:/b/run``): never a local
+root, the remote layer says what happened (a drive letter, ``C:/x``, is no scheme)."""
+
+
 def is_url(root: str) -> bool:
-    return "://" in root
+    return "://" in root or _COLLAPSED_URL.match(root) is not None
 
 
 def open_remote(args: argparse.Namespace) -> RemoteCheckpointDir:

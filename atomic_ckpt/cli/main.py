@@ -73,8 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print JSON")
     c = root_cmd("latest", "print the newest complete checkpoint's path (exit 1 if none)")
     c.add_argument("--json", action="store_true", help="print JSON")
-    c = root_cmd("verify", "check files against the manifest (all complete steps, or STEP)")
-    c.add_argument("step", metavar="STEP", nargs="?", type=int, help="only this step")
+    c = root_cmd(
+        "verify",
+        "check files against the manifest (every complete step and named checkpoint, or one)",
+    )
+    c.add_argument(
+        "target", metavar="STEP|NAME", nargs="?", help="only this step or named checkpoint"
+    )
     c.add_argument("--json", action="store_true", help="print JSON")
     c = root_cmd("clean", "remove staging dirs left by crashed or killed saves")
     c.add_argument("--dry-run", action="store_true", help="only show what would be removed")

@@ -1,5 +1,6 @@
-"""The ``atomic-ckpt verify`` command: each step's verdict, a step deleted or replaced
-by a live run meanwhile told apart from a failure, and a progress bar on a terminal.
+"""The ``atomic-ckpt verify`` command: each step's (and named checkpoint's) verdict, one
+deleted or replaced by a live run meanwhile told apart from a failure, and a progress bar
+on a terminal.
 
 (Private: used by :mod:`atomic_ckpt.cli`.)
 """
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, VerificationError
+from atomic_ckpt import CheckpointDir, CheckpointNotFoundError, VerificationError, parse_step
 from atomic_ckpt.cli.common import (
     EXIT_NONE,
     EXIT_OK,
@@ -27,28 +28,51 @@ from atomic_ckpt.cli.common import (
 
 
 def verify(args: argparse.Namespace) -> int:
+    """``atomic-ckpt verify ROOT [STEP|NAME]``: the one checkpoint given (a step, as ``ls``
+    shows it, or a named checkpoint's name), else every complete step and then every
+    complete named checkpoint (a carry source shares its files with its carriers, so a
+    named one is checked as a step is)."""
     if is_url(args.root):
         return _verify_remote(args)
     ckpts = open_local(args)
-    listed = args.step is None
-    steps = [args.step] if args.step is not None else ckpts.steps()
-    if not steps:
+    listed = args.target is None
+    targets: list[int | str]
+    if listed:
+        targets = [*ckpts.steps(), *(n.name for n in ckpts.named())]
+    else:
+        step = _step(args.target, ckpts.prefix)
+        targets = [args.target if step is None else step]
+    if not targets:
         raise Failure(f"no complete checkpoint in {ckpts.root}", EXIT_NONE)
     show = not args.json and sys.stderr.isatty()
     results: list[dict[str, Any]] = []
-    for step in steps:
-        bar = _ProgressBar(f"step {step}", sys.stderr) if show else None
+    for target in targets:
+        bar = _ProgressBar(_label(target), sys.stderr) if show else None
         try:
-            results.append(_verify_one(ckpts, step, listed=listed, progress=bar))
+            results.append(_verify_one(ckpts, target, listed=listed, progress=bar))
         finally:
             if bar is not None:
                 bar.close()
     return _report(results, as_json=args.json)
 
 
+def _step(text: str, prefix: str) -> int | None:
+    """The step ``text`` names as ``ls`` shows it (``5``, or ``checkpoint-5`` with that
+    prefix), or None: a named checkpoint's name."""
+    step = parse_step(text, prefix)
+    return step if step is not None or not prefix else parse_step(text)
+
+
+def _label(target: int | str) -> str:
+    return f"step {target}" if isinstance(target, int) else f"named {target}"
+
+
 def _verify_remote(args: argparse.Namespace) -> int:
     remote = open_remote(args)
-    steps = [args.step] if args.step is not None else remote.steps()
+    step = None if args.target is None else _step(args.target, args.prefix)
+    if args.target is not None and step is None:
+        raise Failure(f"verify on a URL root takes a step, not {args.target!r}")
+    steps = [step] if step is not None else remote.steps()
     if not steps:
         raise Failure(f"no complete checkpoint in {remote.url}", EXIT_NONE)
     results: list[dict[str, Any]] = []
@@ -77,44 +101,46 @@ def _report(results: list[dict[str, Any]], *, as_json: bool) -> int:
 
 
 def verdict(r: dict[str, Any]) -> list[str]:
-    """The lines ``verify`` prints for one step's result."""
+    """The lines ``verify`` prints for one checkpoint's result (a step's, or a named one's:
+    ``named base: ok``)."""
+    what = f"step {r['step']}" if r.get("name") is None else f"named {r['name']}"
     if r.get("gone"):
-        return [f"step {r['step']}: gone (deleted during the run)"]
+        return [f"{what}: gone (deleted during the run)"]
     if r["ok"]:
         note = " (legacy marker: presence only)" if r.get("legacy") else ""
-        return [f"step {r['step']}: ok{note}"]
+        return [f"{what}: ok{note}"]
     problems = r.get("problems") or []
     if not problems:
-        return [f"step {r['step']}: FAILED: {r['error']}"]
+        return [f"{what}: FAILED: {r['error']}"]
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
-    return [f"step {r['step']}: FAILED ({count})", *(f"  {p}" for p in problems)]
+    return [f"{what}: FAILED ({count})", *(f"  {p}" for p in problems)]
 
 
 def _verify_one(
     ckpts: CheckpointDir,
-    step: int,
+    target: int | str,
     *,
     listed: bool,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Verify one step. A step listed a moment ago that a live run deleted (or replaced)
-    meanwhile is reported as gone (or verified again), never as FAILED."""
+    """Verify one step (or named checkpoint: ``target`` a str; its result has its
+    ``name``, and ``step`` None). One listed a moment ago that a live run deleted (or
+    replaced) meanwhile is reported as gone (or verified again), never as FAILED."""
+    key: dict[str, Any] = (
+        {"step": target} if isinstance(target, int) else {"step": None, "name": target}
+    )
+    where = ckpts.path_of(target) if isinstance(target, int) else ckpts.root / target
     for attempt in (1, 2):
         try:
-            ckpt = ckpts.verify(step, progress=progress)
-            return {
-                "step": step,
-                "ok": True,
-                "legacy": ckpt.manifest.legacy,
-                "path": str(ckpt.path),
-            }
+            ckpt = ckpts.verify(target, progress=progress)
+            return {**key, "ok": True, "legacy": ckpt.manifest.legacy, "path": str(ckpt.path)}
         except (CheckpointNotFoundError, VerificationError) as exc:
             failure = exc
-        if listed and not os.path.lexists(ckpts.path_of(step)):
-            return {"step": step, "ok": True, "gone": True}
+        if listed and not os.path.lexists(where):
+            return {**key, "ok": True, "gone": True}
         if not (listed and attempt == 1 and isinstance(failure, VerificationError)):
             break
-    result: dict[str, Any] = {"step": step, "ok": False, "error": str(failure)}
+    result: dict[str, Any] = {**key, "ok": False, "error": str(failure)}
     if isinstance(failure, VerificationError):
         result["problems"] = list(failure.problems)
     return result

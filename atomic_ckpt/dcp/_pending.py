@@ -83,9 +83,8 @@ class _PendingSaves:
             return False
         if thread is None:
             return True
-        if grace > 0:
-            thread.join(grace)
-        return thread.is_alive()
+        ended = _ended(thread)
+        return not ended.wait(grace) if grace > 0 else not ended.is_set()
 
     def _wait(self, timeout: float) -> None:
         end = time.monotonic() + timeout
@@ -94,7 +93,7 @@ class _PendingSaves:
             if thread is None:
                 time.sleep(0.01)  # staged, not started yet
             else:
-                thread.join(max(0.0, end - time.monotonic()))
+                _ended(thread).wait(max(0.0, end - time.monotonic()))
         if self._pending():
             raise CheckpointTimeoutError(
                 f"the previous async DCP save of step {self.step} into {self.ckpts.root} "
@@ -103,3 +102,37 @@ class _PendingSaves:
                 path=self.ckpts.root,
                 step=self.step,
             )
+
+
+_ENDED: weakref.WeakKeyDictionary[threading.Thread, threading.Event] = weakref.WeakKeyDictionary()
+_ENDED_LOCK = threading.Lock()
+
+
+def _ended(thread: threading.Thread) -> threading.Event:
+    """An Event set once ``thread`` has ended, by a watcher thread that joins it.
+
+    The caller waits on the Event, never in ``Thread.join`` (nor ``is_alive``): on CPython
+    before 3.13 a KeyboardInterrupt landing inside those marks the thread as stopped, so
+    interpreter exit no longer waits for it and the save in flight is cut off. Only the
+    main thread gets KeyboardInterrupt, so the watcher's join is never interrupted. Where
+    no thread can be started (interpreter shutdown), a briefly joined snapshot instead
+    (the callers look again)."""
+    with _ENDED_LOCK:
+        event = _ENDED.get(thread)
+        if event is not None:
+            return event
+        event = _ENDED[thread] = threading.Event()
+
+    def watch() -> None:
+        thread.join()
+        event.set()
+
+    try:
+        threading.Thread(target=watch, name="atomic_ckpt-dcp-watch", daemon=True).start()
+    except RuntimeError:  # interpreter shutdown: no new threads
+        with _ENDED_LOCK:
+            del _ENDED[thread]
+        thread.join(0.05)
+        if not thread.is_alive():
+            event.set()
+    return event

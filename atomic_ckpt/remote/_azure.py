@@ -112,8 +112,14 @@ def open_azure(url: str, root: str, options: dict[str, Any]) -> AzureStore:
     }
     kwargs["retry_policy"] = _bounded(kwargs["retry_policy"], reach)
     service = _A["blob"].BlobServiceClient
-    connection = options.get("connection_string") or env.get("AZURE_STORAGE_CONNECTION_STRING")
-    if connection and not options.get("account_name"):
+    # As adlfs: a connection_string option is used first, whatever else is given (an
+    # account_name beside it names the same account); the environment's connection string
+    # only when the options name no account of their own.
+    connection = options.get("connection_string") or (
+        None if options.get("account_name") else env.get("AZURE_STORAGE_CONNECTION_STRING")
+    )
+    if connection:
+        _same_account(url, connection, options.get("account_name"))
         try:
             client = service.from_connection_string(connection, **kwargs)
         except ValueError as exc:
@@ -147,6 +153,25 @@ def open_azure(url: str, root: str, options: dict[str, Any]) -> AzureStore:
             raise ValueError(f"{url}: {exc}") from None
     _http.mount(session, reach, _HINT)
     return AzureStore(url, client, container, prefix, session)
+
+
+def _same_account(url: str, connection: str, account: str | None) -> None:
+    """Refuse an ``account_name`` that contradicts the connection string's AccountName:
+    the connection string is the one used, so the account named beside it would be
+    silently ignored."""
+    if not account or not isinstance(connection, str):
+        return
+    fields = dict(
+        (k.strip().lower(), v.strip())
+        for k, _, v in (part.partition("=") for part in connection.split(";"))
+    )
+    named = fields.get("accountname")
+    if named and named != account:
+        raise ValueError(
+            f"{url}: storage_options account_name {account!r} is not the connection "
+            f"string's AccountName {named!r}: the connection string is used, so drop "
+            "account_name or make the two agree"
+        )
 
 
 def _bounded(policy: Any, reach: Any) -> Any:
@@ -250,10 +275,23 @@ class AzureStore(Store):
             raise OSError(f"{self.url}: {what} failed: {err}") from err
 
     def _denied(self, what: str, err: Any) -> PermissionError:
+        check = (
+            "check the credentials (storage_options account_key, sas_token, credential or "
+            "connection_string)"
+        )
+        status = getattr(err, "status_code", None)
+        if status is None:
+            # No answer at all: the client refused to sign the request (AzureSigningError,
+            # e.g. an account key that is not base64: a truncated copy of it). It has no
+            # error_code either.
+            return PermissionError(
+                f"{self.url}: {what}: the client could not sign the request with the "
+                f"account key ({getattr(err, 'message', err)}): {check}; an account key is "
+                "base64, usually ending in '=='"
+            )
+        code = getattr(err, "error_code", None)
         return PermissionError(
-            f"{self.url}: {what}: access denied ({err.status_code} "
-            f"{getattr(err.error_code, 'value', err.error_code)}): check the credentials "
-            "(storage_options account_key, sas_token, credential or connection_string)"
+            f"{self.url}: {what}: access denied ({status} {getattr(code, 'value', code)}): {check}"
         )
 
     # ------------------------------------------------------------ the commit point

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,6 +103,23 @@ def _media_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def _bare_endpoint(url: str, source: str, endpoint: str) -> str:
+    """``endpoint`` as the client takes it: scheme and host only. The client appends
+    ``/storage/v1/...`` and ``/upload/storage/v1/...`` to it as a string, so a trailing
+    ``/`` made every request ``//upload/...``, a 404 read as a missing bucket: it is
+    dropped. A path, query or fragment is refused (the JSON API lives at the root)."""
+    from atomic_ckpt.remote import _http
+
+    _http.check_endpoint(url, source, endpoint)
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise ValueError(
+            f"{url}: {source} {endpoint!r} has a path: the GCS JSON API is at the server's "
+            f"root, so give it as {parts.scheme}://{parts.netloc}"
+        )
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 def _credentials(url: str, token: Any, endpoint: str | None) -> Any:
     """gcsfs's ``token`` as google-auth credentials (None: the environment's default)."""
     if token is None and endpoint is not None:
@@ -145,7 +163,7 @@ def open_gcs(url: str, root: str, options: dict[str, Any]) -> GCSStore:
     endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
     if endpoint:
         source = "endpoint_url" if options.get("endpoint_url") else "STORAGE_EMULATOR_HOST"
-        _http.check_endpoint(url, source, endpoint)
+        endpoint = _bare_endpoint(url, source, endpoint)
     kwargs: dict[str, Any] = dict(options.get("client_kwargs") or {})
     if endpoint:
         kwargs["client_options"] = {"api_endpoint": endpoint}

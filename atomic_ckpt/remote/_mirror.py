@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any, NamedTuple, SupportsIndex
 
 from atomic_ckpt import (
+    MARKER,
     AsyncCommitter,
+    Checkpoint,
     CheckpointDir,
+    CheckpointError,
     CommitterClosedError,
     RetentionPolicy,
     StepConflictError,
@@ -61,15 +64,18 @@ class Mirror(ClosesOnExit):
         ...
         mirror.close()                      # waits for the last upload, raises its error
 
-    After each local commit the checkpoint is snapshotted (hard links, or copies
-    across filesystems, in ``snapshot_dir``: default the remote's staging
-    directory) so local pruning cannot pull files from under the upload, and
-    queued. One upload runs at a time; a step queued while an older one still
-    waits replaces it (the remote gets the newest). The remote only ever shows
-    complete steps: each upload is an ordinary remote commit. A failed upload is
-    raised by the next ``commit``, ``mirror``, ``wait`` or ``close`` (before any new
-    work starts); one that nothing raised makes the process exit with status 1,
-    naming the step the remote lacks. ``retain`` is applied to the remote after each upload.
+    After each local commit the checkpoint is snapshotted (hard links, or copies across
+    filesystems, in ``snapshot_dir``: default the remote's staging directory) so local
+    pruning cannot pull files from under the upload, and queued. A step another writer
+    replaces during the snapshot is snapshotted again (never uploaded as a mix of two
+    saves; after 3 tries, a ``CheckpointError`` that is also a ``RuntimeError``); one
+    deleted meanwhile is ``CheckpointNotFoundError``. One upload runs at a time; a step
+    queued while an older one still waits replaces it (the remote gets the newest). The
+    remote only ever shows complete steps: each upload is an ordinary remote commit. A
+    failed upload is raised by the next ``commit``, ``mirror``, ``wait`` or ``close``
+    (before any new work starts); one that nothing raised makes the process exit with
+    status 1, naming the step the remote lacks. ``retain`` is applied to the remote
+    after each upload.
 
     An upload over a remote step that holds a checkpoint this release must not lose (a
     newer release's, or one copied there from another step) is refused, as a remote
@@ -139,8 +145,7 @@ class Mirror(ClosesOnExit):
         as for ``RemoteCheckpointDir.upload`` (the refusal is the upload's error, raised by
         the next call)."""
         self._raise_failure(new_work=True)
-        ckpt = self.local.get(step)
-        snapshot = _snapshot(ckpt.path, self._snapshot_dir)
+        ckpt, snapshot = _steady_snapshot(self.local, step, self._snapshot_dir)
         with self._cond:
             if self._pending is not None:
                 old = self._pending[0]
@@ -227,6 +232,89 @@ class _Queued(NamedTuple):
     snapshot: Path
     metadata: Mapping[str, Any]
     replace_unusable: bool
+
+
+SNAPSHOT_TRIES = 3
+"""How many snapshots of a step :meth:`Mirror.mirror` takes while another writer keeps
+replacing it, before it gives up."""
+
+
+class StepChangedError(CheckpointError, RuntimeError):
+    """A local step kept being replaced while a Mirror took its snapshot."""
+
+
+def _steady_snapshot(
+    local: CheckpointDir, step: SupportsIndex, parent: Path
+) -> tuple[Checkpoint, Path]:
+    """The complete checkpoint of ``step`` and a snapshot holding exactly the files of its
+    manifest. The snapshot walks the step path by path, so a writer replacing the step
+    meanwhile could leave files of two saves in it (whose remote manifest, computed from
+    the snapshot, would verify). So the step's directory is pinned first (held open, as an
+    amend pins it), its manifest read, and the snapshot kept only if the step is still
+    that directory afterwards (a replaced step never comes back under its name) and holds
+    the manifest's files at their sizes; otherwise it is taken again. A step deleted
+    meanwhile is CheckpointNotFoundError, as a step missing to begin with."""
+    for _ in range(SNAPSHOT_TRIES):
+        ckpt = local.get(step)  # CheckpointNotFoundError once the step is gone
+        try:
+            pin = os.open(ckpt.path, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue
+        try:
+            held = _identity(os.fstat(pin))
+            ckpt = local.get(step)  # the manifest of the pinned directory, checked below
+            if _identity_of(ckpt.path) != held:
+                continue
+            try:
+                snapshot = _snapshot(ckpt.path, parent)
+            except (shutil.Error, FileNotFoundError) as exc:
+                # A file or the step vanished under the walk: replaced or deleted. The
+                # next get() tells which.
+                log.info("mirror: step %d changed during its snapshot (%s)", ckpt.step, exc)
+                continue
+            if _identity_of(ckpt.path) == held and _matches(snapshot, ckpt):
+                return ckpt, snapshot
+            shutil.rmtree(snapshot, ignore_errors=True)
+            log.info("mirror: step %d was replaced during its snapshot; again", ckpt.step)
+        finally:
+            os.close(pin)
+    raise StepChangedError(
+        f"step {ckpt.step} of {local.root} was replaced {SNAPSHOT_TRIES} times while it was "
+        "being snapshotted for the upload: nothing was queued; mirror it again once the "
+        "other writer of that step is done",
+        path=ckpt.path,
+        step=ckpt.step,
+    )
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _identity_of(path: Path) -> tuple[int, int] | None:
+    try:
+        return _identity(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
+def _matches(snapshot: Path, ckpt: Checkpoint) -> bool:
+    """Whether ``snapshot`` holds the files and links of ``ckpt``'s manifest and no other,
+    each file at its size. (Not its inode: the manifest of a fetched or copied checkpoint
+    names the inodes of the machine that wrote it.)"""
+    listed = {e.path: e for e in ckpt.manifest.files if e.type != "dir"}
+    found = {
+        p.relative_to(snapshot).as_posix()
+        for p in snapshot.rglob("*")
+        if p.is_symlink() or not p.is_dir()
+    } - {MARKER}
+    if found != set(listed):
+        return False
+    return all(
+        os.lstat(snapshot / rel).st_size == entry.size
+        for rel, entry in listed.items()
+        if entry.type == "file"
+    )
 
 
 def _snapshot(source: Path, parent: Path) -> Path:

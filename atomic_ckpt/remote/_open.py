@@ -47,6 +47,27 @@ _BUCKETS = {
 _FAMILY = {"gs": "gs", "gcs": "gs", "az": "az", "abfs": "az", "s3": "s3", "s3a": "s3"}
 
 
+_COLLAPSED = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
+"""A URL whose ``//`` became ``/``: ``pathlib.Path("gs://b/run")`` is ``gs:/b/run``. A
+scheme has two characters at least, so a Windows drive (``C:/x``) is no such URL."""
+
+
+def check_not_collapsed(name: str) -> None:
+    """Refuse (ValueError) a root like ``gs:/b/run``: a URL that went through
+    ``pathlib.Path``, which collapses its ``//``. Opened as a path it would be a local
+    directory named ``gs:`` that checkpoints meant for the bucket land in, silently."""
+    match = _COLLAPSED.match(name)
+    if match is None or "://" in name:
+        return
+    scheme = match.group(1)
+    raise ValueError(
+        f"{name}: a URL whose '//' was collapsed to '/' (pathlib.Path does that: "
+        f"Path('{scheme}://b/run') is '{scheme}:/b/run'): pass the URL as a str, "
+        f"{scheme}://{name[len(scheme) + 2 :]}; for a local directory of that name write "
+        f"./{name}"
+    )
+
+
 def check_root(url: str, protocol: str) -> None:
     """Refuse (ValueError naming the form a root takes) a root with no bucket right after
     ``://`` (``gs:///run`` is not the bucket "run"), a bucket the store's naming rules
@@ -81,6 +102,8 @@ def check_root(url: str, protocol: str) -> None:
 def open_store(url: str, storage_options: dict[str, Any] | None) -> Store:
     """The store of ``url``; ``storage_options`` go to fsspec unchanged for ``s3://``, and
     are read as gcsfs's (``gs://``) or adlfs's (``az://``) otherwise."""
+    if isinstance(url, str):
+        check_not_collapsed(url)
     if not isinstance(url, str) or "://" not in url:
         raise ValueError(
             f"{url!r} is not a URL (s3://bucket/prefix, gs://bucket/prefix, "

@@ -11,6 +11,7 @@ from typing import Any
 
 from atomic_ckpt import CheckpointDir
 from atomic_ckpt.remote._dir import RemoteCheckpointDir
+from atomic_ckpt.remote._open import check_not_collapsed
 
 
 def open(
@@ -30,11 +31,13 @@ def open(
     ``verify``, ``delete``, ``prune``, ``retain``, ``clean`` and ``entries``. A URL of
     any other store is refused with :class:`UnsupportedStoreError`, like
     :class:`RemoteCheckpointDir` refuses it; ``storage_options`` for a local root are a
-    ``ValueError``.
+    ``ValueError``, and so is a URL whose ``//`` ``pathlib.Path`` collapsed
+    (``gs:/bucket/run``): a local directory named like that is written ``./gs:/...``.
     """
     text = os.fspath(root)
     if not isinstance(text, str):
         raise TypeError(f"root must be a str or a path, got {root!r}")
+    check_not_collapsed(text)
     if "://" in text and not text.lower().startswith("file://"):
         return RemoteCheckpointDir(text, storage_options=storage_options, **options)
     if storage_options:

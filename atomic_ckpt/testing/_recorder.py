@@ -1,7 +1,13 @@
 """The recorder: hooks the library's filesystem calls
 (:mod:`atomic_ckpt._core.l2_syscalls.fs`) and its saves (``Commit.publish``,
 ``CheckpointDir.mark_complete``, ``_delete.move_aside``), and
-logs each as operations on the model of the scratch tree."""
+logs each as operations on the model of the scratch tree.
+
+The plain :mod:`os` calls that change a name (:data:`BOUNDARIES`: unlink, symlink, mkdir,
+rmdir, link, an ``os.open`` that creates or writes) are operation boundaries too, where
+they name an entry of the root outside a staging directory: the tree is looked at before
+and after each, so two of them (``unlink`` then ``symlink`` where one atomic rename was
+meant) are two operations with a crash point between, never one observed change."""
 
 from __future__ import annotations
 
@@ -27,6 +33,19 @@ from atomic_ckpt.testing._mirror import _Mirror
 from atomic_ckpt.testing._results import Tree, Version
 
 _MARKER_TMP_PREFIX = MARKER + TMP_INFIX
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+BOUNDARIES: dict[str, int] = {
+    "unlink": 0,
+    "remove": 0,
+    "rmdir": 0,
+    "mkdir": 0,
+    "symlink": 1,
+    "link": 1,
+    "open": 0,
+}
+"""The :mod:`os` calls the recorder makes operation boundaries, and the index of the
+argument naming the path each changes."""
 
 
 def read_tree(directory: Path) -> Tree:
@@ -69,6 +88,9 @@ class _Save:
     marker: bytes | None = None
     end: int | None = None
     """Operations recorded when it returned; None if it raised."""
+
+
+_REAL_OPEN = os.open
 
 
 class _Recorder(_Mirror):
@@ -119,6 +141,8 @@ class _Recorder(_Mirror):
         try:
             for name, hook in hooks.items():
                 patch(_fs, name, self._guard(hook, getattr(_fs, name)))
+            for name, index in BOUNDARIES.items():
+                patch(os, name, self._boundary(getattr(os, name), index))
             patch(Commit, "publish", self._publish_hook(Commit.publish))
             patch(CheckpointDir, "mark_complete", self._adopt_hook(CheckpointDir.mark_complete))
             patch(_delete, "move_aside", self._delete_hook(_delete.move_aside))
@@ -143,6 +167,54 @@ class _Recorder(_Mirror):
                     self.busy = False
 
         return wrapper
+
+    def _boundary(self, real: Callable[..., Any], index: int) -> Callable[..., Any]:
+        """``real`` (an :mod:`os` call), with the tree looked at before and after it when
+        it changes an entry of the root outside a staging directory."""
+
+        @functools.wraps(real)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if (
+                real is _REAL_OPEN
+                and not (args[1] if len(args) > 1 else kwargs["flags"]) & _WRITING
+            ):
+                return real(*args, **kwargs)
+            if (
+                len(args) <= index
+                or kwargs.get("dir_fd") is not None
+                or not self._visible(args[index])
+            ):
+                return real(*args, **kwargs)
+            with self.lock:
+                if self.busy:
+                    return real(*args, **kwargs)
+                self.busy = True
+                try:
+                    self.observe()
+                    return real(*args, **kwargs)
+                finally:
+                    self.observe()
+                    self.busy = False
+
+        return wrapper
+
+    def _visible(self, path: Any) -> bool:
+        """True if ``path`` names the root or an entry under it that is in no temporary
+        (staging, aside) directory: a change there is one the scanner can see."""
+        if isinstance(path, int):
+            return False
+        root = self.rel(self.root)
+        rel = self.rel(path)
+        if root is None or rel is None:
+            return False
+        if rel == root:
+            return True
+        if not rel.startswith(root + "/" if root else ""):
+            return False
+        parts = rel[len(root) + 1 :].split("/") if root else rel.split("/")
+        if self.ignores(parts[-1]):  # a lock file: it holds nothing the scanner reads
+            return False
+        return not any(TMP_INFIX in part or parse_tmp(part) is not None for part in parts)
 
     def _fsync(self, real: Callable[[Path], None], path: Path) -> None:
         # The real fsync is skipped: the scratch tree needs no durability, the

@@ -5,10 +5,12 @@ left out until a defect is fixed, and the starting roots."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from atomic_ckpt import CheckpointDir, CommitStateError
+from atomic_ckpt import CheckpointDir, CommitStateError, StepConflictError
 from atomic_ckpt.testing.actions import (
     LEGACY,
     A,
@@ -54,7 +56,30 @@ from atomic_ckpt.testing.model import RootModel, files_of
 from atomic_ckpt.testing.parts import LIVE_ONLY, MULTI, PARTS
 from atomic_ckpt.testing.races import RACES
 
-__all__ = ["ACTIONS", "ALPHABET", "EXCLUDED", "ROOTS", "Root", "by_name"]
+__all__ = [
+    "ACTIONS",
+    "ALPHABET",
+    "EXCLUDED",
+    "LEFTOVERS",
+    "LEFTOVER_ACTIONS",
+    "ROOTS",
+    "Root",
+    "by_name",
+]
+
+
+def _alias_on_named(c: CheckpointDir) -> None:
+    """A named checkpoint ``taken``, then ``commit(3, aliases=["taken"])``, which must be
+    refused up front (StepConflictError, nothing staged): an alias never replaces a real
+    entry. (The name is this action's own, so no other action's name is ever an alias.)"""
+    with c.commit_named("taken") as p:
+        _write(p, A)
+    try:
+        with c.commit(3, aliases=("taken",)) as p:
+            _write(p, B)
+    except StepConflictError:
+        return
+    raise AssertionError("commit(3, aliases=['taken']) over a named checkpoint was not refused")
 
 
 def _actions() -> tuple[Action, ...]:
@@ -82,6 +107,7 @@ def _actions() -> tuple[Action, ...]:
         ("commit_replace_aliases", 2, A, {"aliases": ("b",), "replace_aliases": True}),
     ):
         add(name, *_commit(step, files, **kw))
+    add("commit_alias_on_named", _alias_on_named, _apply_named("taken", A))
     add("commit_retain", *_commit(3, A, keep_last=1), multi=True, midway=_commit(3, A)[1])
     add("commit_raises", _commit_raises, _refuse(Boom, "the block raised"))
     add("begin_publish", _begin_publish, _commit(3, B, metadata={"via": "begin"})[1])
@@ -218,3 +244,39 @@ legacy unmarked directory; a prefixed root with a step and a named checkpoint (w
 metadata and alias ``b``, which a promotion must carry to the step); an
 unmarked step 1 below a complete step 2 (what retention and the best pointer must not
 take for a checkpoint)."""
+
+
+def _leftovers(c: CheckpointDir) -> None:
+    """What killed writers leave beside the checkpoints: a staging dir of step 3 with half
+    a save and its (unheld) lock file, and the old copy of step 1 that a fallback replace
+    (no RENAME_EXCHANGE) killed after its promotion left aside (its staging dir is gone,
+    so it is garbage, never to be restored)."""
+    from atomic_ckpt._core.l1_names.names import TAG_OLD, lock_name, tmp_name
+
+    staging = c.root / tmp_name("3", "a" * 32, hidden=False)
+    staging.mkdir()
+    _write(staging, {"model.bin": A["model.bin"]})
+    (c.root / lock_name("3", "a" * 32, hidden=False)).write_bytes(b"")
+    aside = c.root / tmp_name("1", "b" * 32, TAG_OLD, hidden=False)
+    os.mkdir(aside)
+    for entry in os.listdir(c.path_of(1)):
+        shutil.copy2(c.path_of(1) / entry, aside / entry)
+
+
+LEFTOVERS = Root(
+    "leftovers",
+    "",
+    (
+        *_TWO,
+        Action("setup_alias_1", *_commit(1, A, aliases=("c",))),
+        Action("setup_leftovers", _leftovers, _unchanged),
+    ),
+)
+"""The ``two`` root, step 1 with alias ``c`` (a step retention deletes with its alias),
+with a killed commit's staging dir and lock file and a fallback replace's garbage old
+copy beside it: what ``clean()`` has to remove (only the :data:`LEFTOVER_ACTIONS` run
+from it, to keep the default run's cost)."""
+
+LEFTOVER_ACTIONS = ("clean", "clean_force", "commit_new", "prune")
+"""The actions run from :data:`LEFTOVERS`: the cleanups, and a commit and a retention
+that must leave another writer's leftovers alone."""

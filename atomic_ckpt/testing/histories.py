@@ -2,8 +2,11 @@
 each invocation and completion is logged, and the history must be linearizable against
 the reference model (brute force: the histories are small).
 
-A call refused with :class:`~atomic_ckpt.StepConflictError` (an amend whose checkpoint
-another process replaced or deleted meanwhile) had no effect: it linearizes as a no-op.
+A call refused with :class:`~atomic_ckpt.StepConflictError` that the model does not refuse
+(an amend whose checkpoint another process replaced or deleted meanwhile) had no effect: it
+linearizes as a no-op, but only for the refusals a concurrent writer can cause
+(:data:`CONFLICTS`) and only if a call of another process that overlaps it in real time
+is one that can cause it. Any other such refusal is the library's, and must match the model.
 A process may be SIGKILLed mid-action: its action in flight may have taken effect or
 not, at any point after its invocation (``clean()`` runs before the final state is read).
 The victim runs :data:`SLOW` (a commit that pauses inside its block) and is killed only
@@ -31,7 +34,15 @@ from atomic_ckpt.testing.actions import Action, B
 from atomic_ckpt.testing.alphabet import Root, by_name
 from atomic_ckpt.testing.model import Observation, Refused, RootModel, observe
 
-__all__ = ["CONCURRENT", "SLOW", "Call", "check_history", "random_plans", "run_history"]
+__all__ = [
+    "CONCURRENT",
+    "CONFLICTS",
+    "SLOW",
+    "Call",
+    "check_history",
+    "random_plans",
+    "run_history",
+]
 
 CONCURRENT = (
     "commit_new",
@@ -45,6 +56,18 @@ CONCURRENT = (
     "promote_named",
 )
 """The actions the concurrent histories draw from."""
+
+CONFLICTS: dict[str, frozenset[str]] = {
+    # amend(2) pins step 2: another amend of it, or a prune deleting it, changes it under it
+    "amend_metadata": frozenset({"amend_metadata", "prune"}),
+    # promote_named carries the named checkpoint's files into step 1: a new save of the name,
+    # another promote of it, or a change of step 1 (replace, delete, prune) meanwhile
+    "promote_named": frozenset(
+        {"commit_named", "promote_named", "commit_replace", "delete_step", "prune"}
+    ),
+}
+"""For each action a concurrent writer can refuse with StepConflictError (and the model,
+alone, does not): the actions of another process that can cause that refusal."""
 
 SLOW = "commit_slow"
 """A commit of step 3 (contents ``B``) that pauses inside its block: the action a killed
@@ -185,7 +208,7 @@ def _fits(start: RootModel, order: Sequence[Call], final: Observation) -> bool:
                 return False
     model = start
     for c in order:
-        if c.raised is not None and "StepConflictError" in c.raised:
+        if _conflict_explained(c, order):
             continue  # a concurrent change refused (amend's pin): no effect, as documented
         model, refused = _step(model, _action(c.action))
         if c.returned is None:
@@ -195,6 +218,23 @@ def _fits(start: RootModel, order: Sequence[Call], final: Observation) -> bool:
         if refused is not None and c.raised is not None and refused not in c.raised:
             return False
     return model.observation() == final
+
+
+def _conflict_explained(call: Call, calls: Sequence[Call]) -> bool:
+    """True if ``call`` was refused with StepConflictError by a concurrent writer: its
+    action is one of :data:`CONFLICTS` and a call of another process that can cause the
+    refusal overlaps it in real time (a killed call runs on from its invocation)."""
+    if call.raised is None or "StepConflictError" not in call.raised:
+        return False
+    causes = CONFLICTS.get(call.action, frozenset())
+    end = call.returned if call.returned is not None else float("inf")
+    return any(
+        other.process != call.process
+        and other.action in causes
+        and other.invoked < end
+        and call.invoked < (other.returned if other.returned is not None else float("inf"))
+        for other in calls
+    )
 
 
 def random_plans(rng: random.Random, processes: int = 2, length: int = 2) -> list[list[str]]:

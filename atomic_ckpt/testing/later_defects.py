@@ -122,9 +122,11 @@ def _nested_commit_not_refused() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _distributed_block_not_marked() -> Iterator[None]:
-    """``distributed_commit``'s rank-0 commit is not marked the commit of the block: a
+    """``distributed_commit``'s rank-0 commit is not marked the commit of this thread: a
     ``commit()`` of the step nested in it (no ``join=True``) is not refused, publishes its
-    part, and the distributed commit then replaces it."""
+    part, and the distributed commit then replaces it. (Since a bare handle counts as its
+    opener's, clearing the block is not enough: the opener is forgotten too, as if the
+    handle were another thread's save.)"""
     from atomic_ckpt.distributed import _commit as _dcommit
 
     real = _dcommit._begin
@@ -133,6 +135,7 @@ def _distributed_block_not_marked() -> Iterator[None]:
         commit, path = real(*args, **kwargs)
         if commit is not None:
             commit._block = None
+            commit._opener = -1  # no thread's ident: refuse_nested finds no commit of its own
         return commit, path
 
     with patched(_dcommit, "_begin", begin):

@@ -81,6 +81,29 @@ def join_conflict(c: CheckpointDir) -> None:
             _write(q, PART)
 
 
+def join_retain_conflict(c: CheckpointDir) -> None:
+    """A joined block's retain= contradicts the commit's: ValueError, nothing published."""
+    with c.commit(3, retain=RetentionPolicy.last(2)) as p:
+        _write(p, A)
+        with c.commit(3, join=True, retain=RetentionPolicy.last(1)) as q:
+            _write(q, PART)
+
+
+def join_replace_aliases(c: CheckpointDir) -> None:
+    """A joined block's replace_aliases=True is or-ed into the commit it joins: step 2's
+    older aliases go."""
+    with c.commit(2) as p:
+        _write(p, A)
+        with c.commit(2, join=True, aliases=("b",), replace_aliases=True) as q:
+            _write(q, PART)
+
+
+def apply_join_replace_aliases(m: RootModel) -> None:
+    m.legacy.pop(2, None)
+    m.steps[2] = Saved.of({**A, **PART})
+    m.point(["b"], ("step", 2), replace=True)
+
+
 def join_alone(c: CheckpointDir) -> None:
     """``join=True`` with no commit open: commits step 1, unless step 1 is committed."""
     with c.commit(1, join=True) as p:
@@ -282,6 +305,11 @@ def refuse(exc: type[BaseException], why: str) -> Apply:
 PARTS: Mapping[str, tuple[Run, Apply]] = {
     "join_options": (join_options, apply_join_options),
     "join_conflict": (join_conflict, refuse(ValueError, "a joined block contradicts")),
+    "join_retain_conflict": (
+        join_retain_conflict,
+        refuse(ValueError, "a joined block's retain contradicts the commit's"),
+    ),
+    "join_replace_aliases": (join_replace_aliases, apply_join_replace_aliases),
     "join_alone": (join_alone, apply_join_alone),
     "join_named_alone": (join_named_alone, apply_join_named_alone),
     "named_own_alias": (named_own_alias, refuse(ValueError, "alias is its own name")),

@@ -30,7 +30,7 @@ from atomic_ckpt._core.l1_names.names import TAG_STAGING, parse_tmp
 from atomic_ckpt.testing._crash import _quiet, record
 from atomic_ckpt.testing._results import CrashState
 from atomic_ckpt.testing.actions import Action
-from atomic_ckpt.testing.alphabet import ALPHABET, ROOTS, Root
+from atomic_ckpt.testing.alphabet import ALPHABET, LEFTOVER_ACTIONS, LEFTOVERS, ROOTS, Root, by_name
 from atomic_ckpt.testing.model import Observation, Refused, RootModel, observe
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "check_sequence",
     "default_run",
     "explore_sequences",
+    "leftover_sequences",
     "sequences",
 ]
 
@@ -338,6 +339,12 @@ def sequences(
     return every
 
 
+def leftover_sequences() -> list[tuple[Root, tuple[Action, ...]]]:
+    """Each of :data:`~atomic_ckpt.testing.alphabet.LEFTOVER_ACTIONS` alone from
+    :data:`~atomic_ckpt.testing.alphabet.LEFTOVERS`."""
+    return [(LEFTOVERS, (by_name(name),)) for name in LEFTOVER_ACTIONS]
+
+
 def default_run(
     *,
     extra: Sequence[Action] = (),
@@ -347,9 +354,10 @@ def default_run(
     seed: int = 2,
 ) -> list[tuple[Root, tuple[Action, ...]]]:
     """The sequences of the default run: every seq-1 of the alphabet (and ``extra``
-    actions) from every root, then ``pairs`` seq-2 sampled with ``seed``; the soak
-    (``soak=True``): every seq-2 instead, then ``triples`` seq-3 sampled with ``seed + 1``."""
-    todo = sequences(1, alphabet=(*ALPHABET, *extra))
+    actions) from every root and :func:`leftover_sequences`, then ``pairs`` seq-2 sampled
+    with ``seed``; the soak (``soak=True``): every seq-2 instead, then ``triples`` seq-3
+    sampled with ``seed + 1``."""
+    todo = sequences(1, alphabet=(*ALPHABET, *extra)) + leftover_sequences()
     if soak:
         return todo + sequences(2) + sequences(3, sample=triples, seed=seed + 1)
     return todo + sequences(2, sample=pairs, seed=seed)

@@ -199,6 +199,11 @@ class CuttingProxy:
         self.listener = self._listen(0)
         self.port = self.listener.getsockname()[1]
         self.stopped = False
+        self.listening = threading.Event()
+        """Set while connections are taken: cleared at a cut or an outage that refuses them,
+        set again once ``refuse_for`` has passed (a test waits on it, not on a guessed
+        sleep: under load the relisten thread can wake late)."""
+        self.listening.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -261,6 +266,7 @@ class CuttingProxy:
                     if self.on_cut is not None:
                         self.on_cut()
                     if self.refuse_for:  # and every open connection is closed
+                        self.listening.clear()
                         self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
                         self.listener.close()
                         threading.Thread(target=self._relisten, daemon=True).start()
@@ -281,6 +287,7 @@ class CuttingProxy:
 
     def outage(self) -> None:
         """Refuse connections for ``refuse_for`` seconds from now, every open one closed."""
+        self.listening.clear()
         self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self.lock:
@@ -292,6 +299,7 @@ class CuttingProxy:
     def _relisten(self) -> None:
         time.sleep(self.refuse_for)
         self.listener = self._listen(self.port)
+        self.listening.set()
 
     def stop(self) -> None:
         self.stopped = True

@@ -24,7 +24,13 @@ from atomic_ckpt.testing.alphabet import ACTIONS, ALPHABET, EXCLUDED, ROOTS, by_
 from atomic_ckpt.testing.histories import SLOW, check_history, random_plans, run_history
 from atomic_ckpt.testing.model import Refused, RootModel, Saved, observe
 from atomic_ckpt.testing.mutants import API_MUTANTS, KILLED_BY, KILLED_UNDER, api_mutant
-from atomic_ckpt.testing.sequences import Totals, check_sequence, default_run, sequences
+from atomic_ckpt.testing.sequences import (
+    Totals,
+    check_sequence,
+    default_run,
+    leftover_sequences,
+    sequences,
+)
 
 SOAK = os.environ.get("ATOMIC_CKPT_SOAK", "") not in ("", "0")
 ROOT = {r.name: r for r in ROOTS}
@@ -72,6 +78,11 @@ def test_the_alphabet_has_every_mutating_public_operation() -> None:
     assert wanted <= names
     assert set(EXCLUDED) <= names
     assert all(reason.startswith("issue 30 item") for reason in EXCLUDED.values())
+
+
+def test_the_cleanups_survive_every_crash_beside_leftovers(model_totals: Totals) -> None:
+    """From a root with a killed save's staging dir, lock and old copy: each leftover action."""
+    _run(leftover_sequences(), model_totals)
 
 
 @pytest.mark.parametrize("root", ROOTS, ids=lambda r: r.name)

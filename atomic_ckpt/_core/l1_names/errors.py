@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,13 @@ def _rebuild_symlinks(
     return SymlinksUnsupportedError(message, path=path, step=step, code=code)
 
 
+class InsideCheckpointError(CheckpointError, ValueError):
+    """A save aimed at a committed checkpoint (``path``), or at a directory inside one,
+    which a save would change in place. A committed checkpoint is never changed in place:
+    save to another directory, or make the change a new commit of that step
+    (:meth:`CheckpointDir.amend <atomic_ckpt.CheckpointDir.amend>`)."""
+
+
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """Waiting for a lock of the checkpoint root timed out."""
 
@@ -235,20 +243,57 @@ _NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def disk_full(exc: BaseException, root: Path, what: str = "the commit") -> DiskFullError | None:
+_FULL_TEXT = re.compile(r"no space left on device|os error 28\b", re.IGNORECASE)
+_QUOTA_TEXT = re.compile(r"disk quota exceeded|os error 122\b", re.IGNORECASE)
+
+FULL_MARGIN = 1 << 20
+"""Bytes free below which a filesystem counts as full for :func:`looks_full`."""
+
+
+def looks_full(exc: BaseException, where: Path) -> int | None:
+    """ENOSPC (or EDQUOT) if ``exc``, a serializer's own error rather than an OSError, was
+    the disk filling up: its message says so (a ``SafetensorError``: "os error 28"), or it
+    is a RuntimeError (torch's C++ writer: ``[enforce fail at inline_container.cc]
+    unexpected pos``, which names no errno) and the filesystem holding ``where`` has less
+    than :data:`FULL_MARGIN` bytes left for this user (check it before what the failed
+    write left is removed); None otherwise, and for an OSError (its errno says it)."""
+    if isinstance(exc, OSError | CheckpointError) or not isinstance(exc, Exception):
+        return None  # (the library's own errors say what they are)
+    text = str(exc)
+    if _QUOTA_TEXT.search(text):
+        return errno.EDQUOT
+    if _FULL_TEXT.search(text):
+        return errno.ENOSPC
+    if not isinstance(exc, RuntimeError):
+        return None
+    try:
+        st = os.statvfs(where)
+    except (OSError, AttributeError):  # gone, or no statvfs (Windows): cannot tell
+        return None
+    return errno.ENOSPC if st.f_bavail * st.f_frsize < FULL_MARGIN else None
+
+
+def disk_full(
+    exc: BaseException, root: Path, what: str = "the commit", *, code: int | None = None
+) -> DiskFullError | None:
     """The :class:`DiskFullError` to raise for ``exc`` (from ``exc``) if it says the disk
     or the quota holding ``root`` is full, met during ``what`` (``"the commit of step
-    5"``); None for any other error (a DiskFullError already made among them)."""
-    if not isinstance(exc, OSError) or isinstance(exc, DiskFullError) or exc.errno not in _FULL:
+    5"``), or ``code`` (:func:`looks_full`'s verdict on a serializer's error) says so;
+    None for any other error (a DiskFullError already made among them)."""
+    if isinstance(exc, DiskFullError):
         return None
-    why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on the device"
+    if code is None:
+        if not isinstance(exc, OSError) or exc.errno not in _FULL:
+            return None
+        code = exc.errno
+    why = "disk quota exceeded" if code == errno.EDQUOT else "no space left on the device"
     return DiskFullError(
         f"the disk holding checkpoint root {root} is full ({why}): {what} was given up and "
         "what it wrote removed; the checkpoints committed before are untouched. "
         "Free space (delete or prune old checkpoints, remove other files, or use a bigger "
         f"disk), then save again. ({exc})",
         path=root,
-        code=exc.errno,
+        code=code,
     )
 
 

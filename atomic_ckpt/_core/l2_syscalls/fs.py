@@ -33,6 +33,7 @@ from atomic_ckpt._core.l2_syscalls._native import (
     _renameat2_or_raise,
     _sync_file_range,
 )
+from atomic_ckpt._core.l2_syscalls.errnos import EXCHANGE_UNSUPPORTED, HARDLINK_REFUSED
 from atomic_ckpt._core.l2_syscalls.forksafe import ProcessLock
 
 __all__ = [
@@ -57,9 +58,6 @@ __all__ = [
     "unlink",
     "write_file_durable",
 ]
-
-EXCHANGE_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.ENOTSUP})
-"""errnos meaning "this kernel or filesystem cannot do renameat2 with flags"."""
 
 
 def start_writeback(fd: int, offset: int, length: int) -> bool:
@@ -252,9 +250,6 @@ def write_file_durable(path: Path, data: bytes, *, tmp: Path | None, sync: bool)
         raise
 
 
-_NO_LINK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
-"""errnos meaning "this filesystem (or this file) cannot take another hard link"."""
-
 _DIR_FLAGS = (
     os.O_RDONLY
     | getattr(os, "O_DIRECTORY", 0)
@@ -322,7 +317,7 @@ def link_or_copy(src: Path, dst: Path, *, top: Path, top_fd: int) -> bool:
         try:
             os.link(name, dst, src_dir_fd=parent, follow_symlinks=False)
         except OSError as exc:
-            if exc.errno not in _NO_LINK:
+            if exc.errno not in HARDLINK_REFUSED:
                 raise
         else:
             if not os.path.samestat(os.lstat(dst), st):  # swapped between stat and link

@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 from typing import Literal
 
+from atomic_ckpt._core.l2_syscalls.errnos import HARDLINK_REFUSED, REFLINK_REFUSED
 from atomic_ckpt._core.l2_syscalls.fs import NotRegularFileError, _open_parent
 
 __all__ = ["FICLONE", "Method", "make_at", "move_at", "open_dirs", "share_file"]
@@ -26,12 +27,6 @@ link shares the inode itself, a copy shares nothing."""
 FICLONE = 0x40049409
 """Linux ``ioctl(dst, FICLONE, src)``: make ``dst`` share ``src``'s extents."""
 
-_NO_CLONE = frozenset(
-    {errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS}
-)
-"""errnos meaning "this filesystem (or this pair of files) cannot be reflinked"."""
-_NO_LINK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
-"""errnos meaning "this filesystem (or this file) cannot take another hard link"."""
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -56,7 +51,7 @@ def _reflink(fd_in: int, dst: Path) -> bool:
     except OSError as exc:
         os.close(fd_out)
         os.unlink(dst)
-        if exc.errno not in _NO_CLONE:
+        if exc.errno not in REFLINK_REFUSED:
             raise
         return False
     try:
@@ -122,7 +117,7 @@ def share_file(
                     try:
                         os.link(name, dst, src_dir_fd=parent, follow_symlinks=False)
                     except OSError as exc:
-                        if exc.errno not in _NO_LINK:
+                        if exc.errno not in HARDLINK_REFUSED:
                             raise
                         continue
                     if not os.path.samestat(os.lstat(dst), st):  # swapped meanwhile

@@ -76,7 +76,7 @@ def begin_as(
     alias_list = [_delete.check_alias(root, a) for a in aliases]
     check_own_aliases(name, alias_list)
     meta = check_metadata(metadata)
-    dedup = _dedup.check(dedup, root.checksum)
+    dedup = _dedup.check(dedup, root)
     root.ensure()
     final = root.path / name
     _stage.check_target(final, step)

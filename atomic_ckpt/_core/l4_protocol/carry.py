@@ -7,8 +7,9 @@ only once the source is known to be the file that entry describes:
 
 * **committed**: the manifest records the file's inode, size and modification time (ns)
   as they were just before it was hashed at its commit, and the file opened now has the
-  same three, on the source checkpoint's device, and that time is more than 2 s
-  (:data:`RACY_NS`) before its marker's. Writing into a file changes its modification
+  same three, on its marker's device (not its directory's: an overlay over two
+  filesystems gives those its own), and that time is more than 2 s (:data:`RACY_NS`)
+  before its marker's. Writing into a file changes its modification
   time, so a file written in place since is not trusted; one written within a timestamp
   tick of its commit (git's "racily clean" file) is verified;
 * **verified**: otherwise (a manifest written before identities were recorded, a
@@ -44,25 +45,24 @@ import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
     CommitStateError,
     ManifestError,
-    StepConflictError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, check_chosen_name, not_a_mapping, parse_step
+from atomic_ckpt._core.l1_names.names import MARKER, not_a_mapping
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import share as _share
 from atomic_ckpt._core.l2_syscalls.checksums import CHECKSUMS, checksum_file
 from atomic_ckpt._core.l2_syscalls.forksafe import ProcessLock
 from atomic_ckpt._core.l3_formats.manifest import FileEntry
-from atomic_ckpt._core.l3_formats.read import Checkpoint, read_marker
+from atomic_ckpt._core.l3_formats.read import Checkpoint
 from atomic_ckpt._core.l3_formats.tree import Identity, identity
-from atomic_ckpt._core.l4_protocol import delete as _delete
-from atomic_ckpt._core.l4_protocol.root import Root, check_step
+from atomic_ckpt._core.l4_protocol import sources as _sources
+from atomic_ckpt._core.l4_protocol.root import Root
 
 log = logging.getLogger("atomic_ckpt._core.l4_protocol.commit")
 
@@ -108,60 +108,8 @@ def relative(relpath: str | os.PathLike[str]) -> str:
     return rel
 
 
-def source_of(root: Root, from_: int | str, arg: str = "from_") -> Checkpoint:
-    """The complete checkpoint ``from_`` names: a step (an int, or its directory name) or
-    a named checkpoint; CheckpointNotFoundError if there is none (or it is an alias)."""
-    if isinstance(from_, str):
-        step = parse_step(from_, root.prefix)
-        if step is None:
-            _delete.refuse_alias(root, from_, arg)
-            name = check_chosen_name("checkpoint name", from_, root.prefix, hidden=False)
-            path = root.path / name
-            try:
-                manifest = read_marker(path) if not os.path.islink(path) else None
-            except (OSError, ValueError):
-                manifest = None
-            if manifest is None:
-                raise CheckpointNotFoundError(
-                    f"no complete checkpoint {from_!r} in {root.path} to carry from", path=path
-                )
-            # A named checkpoint has no step; Checkpoint only carries it for messages.
-            return Checkpoint(cast(int, manifest.step), path, manifest)
-        from_ = step
-    return _delete.require_complete(root, check_step(from_))
-
-
 _NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 """errnos of a source path that is missing or has a link or a file on it."""
-
-
-def _pin(source: Checkpoint) -> int:
-    """The source's directory, opened (never through a link) and checked to be the one
-    whose manifest was read; the caller closes it."""
-    fd = _fs.open_dir(source.path)
-    try:
-        _still(source, fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _still(source: Checkpoint, fd: int) -> None:
-    """StepConflictError unless ``source.path`` still is the directory open as ``fd``,
-    holding the manifest read (another save replaced or removed it meanwhile)."""
-    try:
-        same = read_marker(source.path) == source.manifest and os.path.samestat(
-            os.lstat(source.path), os.fstat(fd)
-        )
-    except (OSError, ValueError):
-        same = False
-    if not same:
-        raise StepConflictError(
-            f"{source.path} was replaced or changed while a file was being carried from "
-            "it; nothing was carried: look it up again and retry",
-            path=source.path,
-        )
 
 
 @dataclasses.dataclass
@@ -209,7 +157,7 @@ def carry(
                 f"{rel!r} was already carried into this commit (as {other.rel!r}): carry "
                 "each path once"
             )
-    source = source_of(root, from_)
+    source = _sources.source_of(root, from_)
     manifest = source.manifest
     if manifest.legacy:
         raise ManifestError(
@@ -223,7 +171,7 @@ def carry(
             f"{source.path} has no file or directory {rel!r} to carry", path=source.path
         )
     _check_free(staging, rel)
-    pin = _pin(source)
+    pin = _sources.pin(source)
     with _RESERVE:  # a number of its own, even for carries made at once from joined threads
         number = len(pending)
         pending.append(Pending("", {}, [], {}, False))  # inert until filled in below
@@ -389,7 +337,7 @@ def _one(
         source_side = isinstance(exc, _fs.NotRegularFileError) or exc.errno in _NOT_THERE
         if not source_side or not os.path.isdir(target.parent):
             raise
-        _still(source, pin)  # replaced by another save meanwhile: say that
+        _sources.still(source, pin)  # replaced by another save meanwhile: say that
         raise _changed(source, entry, f"it cannot be opened as a regular file ({exc})") from exc
     try:
         now = _check_source(target, source, pin, entry, st)
@@ -410,13 +358,17 @@ def _check_source(
     bytes; the identity of ``target`` (what the publish checks it still has)."""
     algorithm = source.manifest.checksum
     hashable = algorithm in CHECKSUMS and entry.checksum is not None
+    # The device the inode number is read on: the marker's, a regular file written with
+    # the checkpoint's (an overlay over two filesystems gives its directories its own
+    # device, its files their layer's: the directory's would never match).
+    marker = os.stat(MARKER, dir_fd=pin, follow_symlinks=False)
     committed = (
         entry.ino is not None
         and entry.mtime_ns is not None
-        and st.st_dev == os.fstat(pin).st_dev
+        and st.st_dev == marker.st_dev
         and (st.st_ino, st.st_size, st.st_mtime_ns) == (entry.ino, entry.size, entry.mtime_ns)
         # Racily clean: hashed if it can be (without checksums nothing is claimed).
-        and (not hashable or entry.mtime_ns < os.stat(MARKER, dir_fd=pin).st_mtime_ns - RACY_NS)
+        and (not hashable or entry.mtime_ns < marker.st_mtime_ns - RACY_NS)
     )
     now = os.lstat(target)
     if st.st_size != entry.size:

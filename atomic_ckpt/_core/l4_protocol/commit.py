@@ -25,8 +25,9 @@ from atomic_ckpt._core.l1_names.errors import (
     NotDurableError,
     StagingLostError,
     disk_full,
+    looks_full,
 )
-from atomic_ckpt._core.l1_names.names import TAG_OLD, is_marker_name, parse_tmp
+from atomic_ckpt._core.l1_names.names import is_marker_name
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
 from atomic_ckpt._core.l3_formats.manifest import FileEntry, Manifest, check_metadata
@@ -344,8 +345,10 @@ class Commit(JoinedBlocks):
             self._raise_disk_full(exc)
 
     def _raise_disk_full(self, exc: BaseException) -> None:
-        """DiskFullError from ``exc`` if it is the disk (or quota) filling up; else nothing."""
-        full = disk_full(exc, self._root.path, f"the commit of {self.name}")
+        """DiskFullError from ``exc`` if it is the disk (or quota) filling up (a serializer's
+        own error too: see :func:`looks_full`); else nothing."""
+        what = f"the commit of {self.name}"  # _full: set when _fail() ended the commit
+        full = disk_full(exc, self._root.path, what, code=getattr(self, "_full", None))
         if full is not None:
             full.step = self._step
             for note in getattr(exc, "__notes__", ()):  # a cleanup failure stays visible
@@ -407,6 +410,7 @@ class Commit(JoinedBlocks):
         """
         self._state = "aborted"
         leaving: Path | None = self.path
+        self._full = looks_full(exc, self.path)  # before what filled the disk is removed
         try:
             if self._promoted:
                 # Promoted, then the root fsync failed (or was interrupted): the new one is
@@ -415,7 +419,7 @@ class Commit(JoinedBlocks):
                 if not isinstance(exc, NotDurableError):  # Ctrl-C: that one says so itself
                     why = "but may not survive a power loss (interrupted before its fsync)"
                     exc.add_note(f"atomic_ckpt: {self.final} was promoted and is visible, {why}")
-            elif not self._in_fallback_window():
+            elif not _repair.in_fallback_window(self._root, self.path):
                 _fs.remove_tree(self.path)
         except Exception as cleanup:
             exc.add_note(f"atomic_ckpt: removing {self.path} also failed: {cleanup!r}")
@@ -424,15 +428,6 @@ class Commit(JoinedBlocks):
                 self._close(leaving=leaving)
             except Exception as cleanup:
                 exc.add_note(f"atomic_ckpt: removing {self._lock.path} also failed: {cleanup!r}")
-
-    def _in_fallback_window(self) -> bool:
-        """Did a fallback replace fail to move its old copy back? Then the staging dir is
-        what tells clean() that the old copy must be restored: it stays."""
-        tmp = parse_tmp(self.path.name)
-        assert tmp is not None
-        base = self._root.path
-        aside = base / tmp.sibling(TAG_OLD)
-        return os.path.isdir(aside) and not os.path.lexists(base / tmp.name)
 
     def _close(self, *, leaving: Path | None) -> None:
         """Close the pinned staging dir and release the staging lock; its file stays

@@ -34,7 +34,9 @@ from atomic_ckpt._core.l1_names.names import (
 )
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
+from atomic_ckpt._core.l2_syscalls.errnos import SYMLINK_REFUSED
 from atomic_ckpt._core.l3_formats.read import Checkpoint, classify, complete, read_marker
+from atomic_ckpt._core.l4_protocol import in_place as _in_place
 from atomic_ckpt._core.l4_protocol import stage as _stage
 from atomic_ckpt._core.l4_protocol.retention import RetentionPolicy
 from atomic_ckpt._core.l4_protocol.root import Root
@@ -80,6 +82,10 @@ def move_aside(root: Root, paths: list[Path], *, unlinked: bool = False) -> Move
             try:
                 _fs.rename(path, aside)
             except BaseException as exc:
+                if _in_place.refused_rename(exc):  # an overlay's lower layer: no rename
+                    moved.append((path, path, lock))  # removed here: remove_moved's no-op
+                    _in_place.remove(root, path)
+                    continue
                 # Nothing was moved: leave no lock file behind.
                 release_one(lock, remove=True)
                 if isinstance(exc, FileNotFoundError):
@@ -168,7 +174,7 @@ def point_aliases(root: Root, aliases: list[str], target: str) -> None:
 def symlinks_refused(exc: OSError, directory: Path) -> bool:
     """Whether ``exc``, from ``symlink()`` in ``directory``, says its filesystem makes no
     symlinks, rather than that the directory cannot be written at all."""
-    return exc.errno in _SYMLINK_REFUSALS and os.access(directory, os.W_OK)
+    return exc.errno in SYMLINK_REFUSED and os.access(directory, os.W_OK)
 
 
 def no_symlinks_error(exc: OSError, root: Root, what: str) -> SymlinksUnsupportedError:
@@ -256,10 +262,6 @@ def refuse_alias(root: Root, name: str, arg: str) -> None:
 
 # --------------------------------------------------------------------------- the best pointer
 
-
-_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
-"""What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
-mounts): EPERM, EOPNOTSUPP (also ENOTSUP), ENOSYS, EINVAL."""
 
 POINTER_MAX = 1024
 """Bytes read of a pointer file at most: a directory name (255 bytes) and a newline."""

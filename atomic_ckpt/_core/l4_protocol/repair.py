@@ -233,3 +233,13 @@ def _release_all(claimed: list[tuple[Path, _locks.Lock | None]], *, remove: bool
     """Release every distinct lock of ``claimed``; a failure is logged, never stops the loop."""
     for lock in {id(lock): lock for _, lock in claimed if lock is not None}.values():
         _delete.release_one(lock, remove=remove)
+
+
+def in_fallback_window(root: Root, staging: Path) -> bool:
+    """Did a fallback replace fail to move its old copy back? Then ``staging`` (a failed
+    commit's staging dir) is what tells clean() that the old copy must be restored: it
+    stays."""
+    tmp = parse_tmp(staging.name)
+    assert tmp is not None
+    aside = root.path / tmp.sibling(TAG_OLD)
+    return os.path.isdir(aside) and not os.path.lexists(root.path / tmp.name)

@@ -142,7 +142,7 @@ class TrainerOps:
                 options = {"metadata": metadata, "aliases": aliases}
                 with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
                     _carry.carry_all(outer, carry)
-                    _dedup.join(outer, _dedup.check(dedup, self._root.checksum))
+                    _dedup.join(outer, _dedup.check(dedup, self._root))
                     yield path
                 return
             _joining.refuse_rejoin(self._root.path / checked, None)

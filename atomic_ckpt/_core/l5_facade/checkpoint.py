@@ -289,7 +289,7 @@ class CheckpointDir(Reading, TrainerOps):
                 options = {"metadata": metadata, "aliases": aliases, "retain": retain}
                 with _joining.joined(outer, replace_aliases=replace_aliases, **options) as path:
                     _carry.carry_all(outer, carry)
-                    _dedup.join(outer, _dedup.check(dedup, self.checksum))
+                    _dedup.join(outer, _dedup.check(dedup, self._root))
                     yield path
                 return
             _joining.refuse_rejoin(self.path_of(step), check_step(step))

@@ -9,20 +9,21 @@ import os
 import stat
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import NamedTuple, SupportsIndex
+from typing import NamedTuple, SupportsIndex, cast, overload
 
 from atomic_ckpt._core.l1_names.errors import (
     CheckpointNotFoundError,
-    NewerCheckpointsError,
-    UnmarkedCheckpointsError,
     UnusableCheckpointsError,
     VerificationError,
 )
-from atomic_ckpt._core.l1_names.names import MARKER, not_one_string
+from atomic_ckpt._core.l1_names.names import MARKER, not_one_string, step_of
 from atomic_ckpt._core.l3_formats import read as _read
 from atomic_ckpt._core.l3_formats import verify as _verify
 from atomic_ckpt._core.l3_formats.read import Checkpoint, Entry
+from atomic_ckpt._core.l4_protocol import named as _named
+from atomic_ckpt._core.l4_protocol.named import NamedCheckpoint
 from atomic_ckpt._core.l4_protocol.root import Root, check_step
+from atomic_ckpt._core.l5_facade import refusals as _refusals
 
 # The logger the facade has always used (a log filter may name it).
 log = logging.getLogger("atomic_ckpt._core.l5_facade.checkpoint")
@@ -226,10 +227,10 @@ class Reading:
         self._warn_moved_to_names(None if found is None else found.checkpoint.step)
         newer = [e for e in skipped if e.newer_format]
         if found is not None and newer:
-            return found, self._newer_error(found.checkpoint, newer)
+            return found, _refusals.newer_error(self._root, found.checkpoint, newer)
         moved = [e for e in skipped if e.moved or e.marker_dir]  # kept: a commit refuses them
         if found is not None and moved:
-            return found, self._moved_error(found.checkpoint, moved)
+            return found, _refusals.moved_error(self._root, found.checkpoint, moved)
         if found is not None:
             return found, None
         reasons = dict(rejected)  # passed over by the verify
@@ -246,9 +247,9 @@ class Reading:
                 unmarked.append(e.path)
         listed += reasons.items()  # (gone since: still, none of them could be used)
         if not listed:
-            return None, self._other_prefix_error()
+            return None, _refusals.other_prefix_error(self._root)
         if len(unmarked) == len(listed):
-            return None, self._unmarked_error(tuple(unmarked)) if unmarked else None
+            return None, _refusals.unmarked_error(self._root, tuple(unmarked)) if unmarked else None
         problems = tuple(f"{p}: {reason}" for p, reason in listed)
         return None, UnusableCheckpointsError(
             f"{self._root.path} holds {len(listed)} step directories but none to resume from; "
@@ -278,77 +279,6 @@ class Reading:
                     path,
                     back,
                 )
-
-    def _other_prefix_error(self) -> UnusableCheckpointsError | None:
-        """The refusal to start fresh where the root holds no step directory of this
-        prefix but complete checkpoints named with another (``checkpoint-3/`` seen with
-        the default prefix): the job would ignore them. None if there are none."""
-        others = _read.other_prefixes(self._root.path, self._root.prefix)
-        if not others:
-            return None
-        prefixes = sorted({p for _, p, _ in others})
-        problems = tuple(
-            f"{path}: a complete checkpoint of step {step} under prefix={other!r}"
-            for path, other, step in others
-        )
-        opened = " or ".join(f"prefix={p!r}" for p in prefixes)
-        return UnusableCheckpointsError(
-            f"{self._root.path} holds no checkpoint named with this CheckpointDir's "
-            f"prefix={self._root.prefix!r}, but {len(others)} complete checkpoint(s) named "
-            "with another prefix:\n  " + "\n  ".join(problems) + "\nStarting from scratch "
-            f"would ignore them. Open the root with {opened} to resume from them "
-            f"(CheckpointDir(root, {opened.split(' or ')[-1]})); or start the run from "
-            "scratch deliberately beside them",
-            path=self._root.path,
-            paths=tuple(path for path, _, _ in others),
-            problems=problems,
-        )
-
-    def _newer_error(self, found: Checkpoint, newer: list[Entry]) -> NewerCheckpointsError:
-        problems = tuple(f"{e.path}: {e.problem}" for e in newer)
-        return NewerCheckpointsError(
-            f"{self._root.path} holds {len(newer)} checkpoint(s) newer than step {found.step} that "
-            "a newer atomic_ckpt wrote:\n  "
-            + "\n  ".join(problems)
-            + f"\nResuming from step {found.step} would train over them and replace them. "
-            "Upgrade atomic_ckpt (pip install -U atomic_ckpt) to resume from the newest, or "
-            "move them out of the root to resume from the older one",
-            path=self._root.path,
-            paths=tuple(e.path for e in newer),
-            problems=problems,
-        )
-
-    def _moved_error(self, found: Checkpoint, moved: list[Entry]) -> UnusableCheckpointsError:
-        problems = tuple(f"{e.path}: {e.problem}" for e in moved)
-        what, how = (
-            (
-                "complete checkpoint(s)",
-                "under a name that is not theirs (moved or copied there by hand)",
-            )
-            if all(e.moved for e in moved)
-            else ("step directories", "that cannot be used and are not to be lost")
-        )
-        return UnusableCheckpointsError(
-            f"{self._root.path} holds {len(moved)} {what} above step {found.step} {how}:\n  "
-            + "\n  ".join(problems)
-            + f"\nResuming from step {found.step} would skip them and train over them. Do "
-            "what each says: move a moved one back to its own name; make a named one a step "
-            "with `atomic-ckpt promote ROOT NAME STEP`",
-            path=self._root.path,
-            paths=tuple(e.path for e in moved),
-            problems=problems,
-        )
-
-    def _unmarked_error(self, unmarked: tuple[Path, ...]) -> UnmarkedCheckpointsError:
-        shown = ", ".join(p.name for p in unmarked[:5]) + (", ..." if len(unmarked) > 5 else "")
-        return UnmarkedCheckpointsError(
-            f"{self._root.path} holds {len(unmarked)} step directories without a {MARKER} "
-            f"marker ({shown}) and no complete checkpoint. If they were written "
-            f"completely, adopt them (each one): `atomic-ckpt mark-complete {unmarked[-1]}`; "
-            "or start the run from scratch deliberately, which trains over them",
-            path=self._root.path,
-            paths=unmarked,
-        )
 
     def get(self, step: SupportsIndex) -> Checkpoint:
         """The complete checkpoint of ``step``; CheckpointNotFoundError if absent or incomplete.
@@ -389,10 +319,22 @@ class Reading:
             )
         return Checkpoint(step, path, entry.manifest)
 
+    @overload
     def verify(
         self, step: SupportsIndex, *, progress: Callable[[int, int], None] | None = None
-    ) -> Checkpoint:
+    ) -> Checkpoint: ...
+    @overload
+    def verify(
+        self, step: str, *, progress: Callable[[int, int], None] | None = None
+    ) -> Checkpoint | NamedCheckpoint: ...
+    def verify(
+        self, step: SupportsIndex | str, *, progress: Callable[[int, int], None] | None = None
+    ) -> Checkpoint | NamedCheckpoint:
         """Check the checkpoint's files against its manifest; return it if they match.
+
+        ``step`` is a step, a step as ``ls`` shows it (``"5"``, ``"checkpoint-5"``), or a
+        named checkpoint's name (``"base"``: a carry source is checked like a step; its
+        :class:`~atomic_ckpt.NamedCheckpoint` is returned).
 
         Every entry is checked (present, type, size, checksum; files in parallel
         on :attr:`workers` threads, each read once) and the directory must hold
@@ -408,11 +350,17 @@ class Reading:
         so far and the total: at the start, about ten times a second, and at the
         end with ``done == total``.
         """
+        if isinstance(step, str):
+            number = step_of(step, self._root.prefix)
+            if number is None:
+                ckpt = self._verify_current(_named.check_name(self._root, step), progress=progress)
+                return NamedCheckpoint(step, ckpt[0].path, ckpt[0].manifest)
+            step = number
         return self._verify_current(step, progress=progress)[0]
 
     def _verify_current(
         self,
-        step: SupportsIndex,
+        step: SupportsIndex | str,
         *,
         keep: Collection[str] = (),
         progress: Callable[[int, int], None] | None = None,
@@ -424,9 +372,15 @@ class Reading:
         the new directory instead, :data:`REPLACED_RETRIES` times at most; a failure on a
         directory nobody replaced is raised as it is."""
         for attempt in range(REPLACED_RETRIES + 1):
-            path = self._root.path / f"{self._root.prefix}{check_step(step)}"
-            before = _identity(path)
-            ckpt = self.get(step)
+            if isinstance(step, str):  # a named checkpoint's (checked) name
+                path = self._root.path / step
+                before = _identity(path)
+                found = _named.get(self._root, step)  # its manifest records no step
+                ckpt = Checkpoint(cast(int, None), found.path, found.manifest)
+            else:
+                path = self._root.path / self._root.name_of(check_step(step))
+                before = _identity(path)
+                ckpt = self.get(step)
             try:
                 return ckpt, _verify.verify(
                     ckpt, workers=self._root.workers, progress=progress, keep=keep

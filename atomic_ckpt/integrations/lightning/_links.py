@@ -4,7 +4,6 @@ filesystem makes no symlinks, as Lightning's own ``ModelCheckpoint`` falls back 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 from atomic_ckpt import atomic_write, remove_directory, replace_symlink, temp_name
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt._core.l2_syscalls import locks as _locks
+from atomic_ckpt._core.l2_syscalls.errnos import SYMLINK_REFUSED
 
 log = logging.getLogger("atomic_ckpt.integrations.lightning")
 
@@ -58,11 +58,11 @@ def _replace_link(target: str, linkpath: str, *, durable: bool) -> None:
         remove_directory(tmp, durable=durable)  # the old directory; the parent fsynced too
 
 
-_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, None})
-"""What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
-mounts): EPERM, EOPNOTSUPP (also ENOTSUP), ENOSYS, EINVAL; and an OSError that names no
-errno at all (what Lightning's own tests raise for Windows without the symlink privilege),
-on which the stock callback copies too."""
+_SYMLINK_REFUSALS: frozenset[int | None] = SYMLINK_REFUSED | {None}
+"""What ``symlink()`` fails with on a filesystem without symlinks (the core's
+``SYMLINK_REFUSED``: vfat, exFAT, some SMB mounts); and an OSError that names no errno at
+all (what Lightning's own tests raise for Windows without the symlink privilege), on which
+the stock callback copies too."""
 
 _warned_copy: set[Path] = set()
 

@@ -13,9 +13,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from atomic_ckpt._core.l1_names.errors import wrap_os_error
+from atomic_ckpt import MARKER, TMP_INFIX, InsideCheckpointError, parse_step
+from atomic_ckpt._core.l1_names.errors import disk_full, wrap_os_error
 from atomic_ckpt._core.l2_syscalls import fs as _fs
 from atomic_ckpt.integrations.transformers._resume import (
+    CHECKPOINT_PREFIX,
     _barrier,
     _checkpoints,
     _clean,
@@ -46,7 +48,37 @@ def _final_save(
     the rename that puts it in place: a kill at any point leaves nothing outside it, and
     the next start's ``clean()`` removes it (an ``atomic_write`` beside each target left a
     ``.<name>.tmp-<hex>`` no clean could tell from another process's live write); so does
-    the next final save into the same directory, which need not be ``output_dir``."""
+    the next final save into the same directory, which need not be ``output_dir``. A full
+    disk (or quota) is a :class:`~atomic_ckpt.DiskFullError`, as in a commit. Aimed at a
+    committed checkpoint or inside one: :func:`refuse_inside_checkpoint`, on every rank
+    that calls it (each sees the same tree), before anything is written or cleaned."""
+    refuse_inside_checkpoint(output_dir, "this final save")
+    with (
+        _disk_full_said(output_dir),
+        _staged(output_dir, durable=durable, collective=collective, weights=weights) as at,
+    ):
+        yield at
+
+
+@contextlib.contextmanager
+def _disk_full_said(output_dir: str) -> Iterator[None]:
+    """ENOSPC or EDQUOT met in the block (the caller's writes, the staging, the moves)
+    raised as the :class:`~atomic_ckpt.DiskFullError` a commit raises, saying what to do,
+    from the original error (and with its notes: a cleanup failure stays visible)."""
+    try:
+        yield
+    except OSError as exc:
+        full = disk_full(exc, Path(output_dir), f"the final save into {output_dir}")
+        if full is None:
+            raise
+        for note in getattr(exc, "__notes__", ()):
+            full.add_note(note)
+        raise full from exc
+
+
+@contextlib.contextmanager
+def _staged(output_dir: str, *, durable: bool, collective: bool, weights: bool) -> Iterator[str]:
+    """:func:`_final_save` but for its errors' wording."""
     handle = None
     if _rank() == 0:
         ckpts = _checkpoints(output_dir, durable=durable)
@@ -77,6 +109,58 @@ def _final_save(
     finally:
         if handle is not None:
             handle.abort(failed)
+
+
+def committed_checkpoint_of(path: str | os.PathLike[str]) -> Path | None:
+    """The committed checkpoint that ``path`` is or lies inside, or None: the nearest
+    directory at or above it (links resolved: a link to ``checkpoint-2`` is it) that holds
+    the marker and whose name is no temporary (a staging directory or an old copy)."""
+    here = Path(os.path.realpath(path))
+    for directory in (here, *here.parents):
+        if TMP_INFIX not in directory.name and os.path.isfile(directory / MARKER):
+            return directory
+    return None
+
+
+def refuse_inside_checkpoint(path: str | os.PathLike[str], what: str, fix: str = "") -> None:
+    """:class:`~atomic_ckpt.InsideCheckpointError` if ``path`` is, or is inside, a committed
+    checkpoint, which ``what`` would change in place (files renamed over its committed
+    ones, a checkpoint-M or a staging directory made inside it, its temporaries cleaned).
+    ``fix``: what to do instead, first in the message."""
+    ckpt = committed_checkpoint_of(path)
+    if ckpt is None:
+        return
+    step = parse_step(ckpt.name, CHECKPOINT_PREFIX)
+    prefix = CHECKPOINT_PREFIX if step is not None else ""
+    if step is None:
+        step = parse_step(ckpt.name, "")
+    where = "" if Path(os.path.realpath(path)) == ckpt else "inside "
+    amend = (
+        f"CheckpointDir({str(ckpt.parent)!r}, prefix={prefix!r}).amend({step})"
+        if step is not None
+        else "CheckpointDir.amend"
+    )
+    raise InsideCheckpointError(
+        f"{path} is {where}the committed checkpoint {ckpt}, and {what} would write into "
+        "it: a committed checkpoint is never changed in place (its files must stay the "
+        f"ones its manifest lists). {fix}Save to a directory outside every checkpoint, "
+        f"such as the run directory {ckpt.parent} that holds it; to change the "
+        f"checkpoint itself, make the change a new commit of it with {amend}. Nothing "
+        "was written",
+        path=ckpt,
+        step=step,
+    )
+
+
+def _refuse_run_inside_checkpoint(output_dir: str) -> None:
+    """A ``train()`` start: :func:`refuse_inside_checkpoint` for the run's ``output_dir``,
+    where every checkpoint-M commit and final save of the run would go."""
+    refuse_inside_checkpoint(
+        output_dir,
+        "this run (its checkpoints and final saves)",
+        "Set output_dir to another directory (to resume from this checkpoint, pass it "
+        "as resume_from_checkpoint only). ",
+    )
 
 
 def _save_metrics(

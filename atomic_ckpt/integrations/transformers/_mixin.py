@@ -18,6 +18,7 @@ from atomic_ckpt.integrations.transformers._final import (
     _clean_if_present,
     _final_save,
     _means_latest,
+    _refuse_run_inside_checkpoint,
     _save_metrics,
 )
 from atomic_ckpt.integrations.transformers._hub import _hub_uploads, _Uploading
@@ -142,8 +143,11 @@ class AtomicCheckpointMixin(_Base):
         script's ``--resume_from_checkpoint True`` passes (its argument is a string), unless
         a directory of that name exists: then it is the path it names. Every start, a
         resume from a path and a fresh run included, first removes what killed saves left
-        in ``output_dir`` (never a live save), logging each removal.
+        in ``output_dir`` (never a live save), logging each removal; before anything, an
+        ``output_dir`` that is or is inside a committed checkpoint is refused (every rank).
         """
+        if self.args.output_dir is not None:
+            _refuse_run_inside_checkpoint(self.args.output_dir)
         if _means_latest(resume_from_checkpoint):
             resume_from_checkpoint = True
         elif self.args.output_dir is not None and _rank() == 0:

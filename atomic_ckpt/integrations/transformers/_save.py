@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from typing import Any
 
 from atomic_ckpt import CheckpointDir, DistributedCommitError, StepConflictError
 from atomic_ckpt._core.l2_syscalls import fs as _fs
+from atomic_ckpt._core.l2_syscalls.errnos import SYMLINK_REFUSED
 from atomic_ckpt.distributed import distributed_commit
 from atomic_ckpt.integrations.transformers._resume import _distributed
 
@@ -56,15 +56,10 @@ def _commit(
         raise reworded from exc
 
 
-_SYMLINK_REFUSALS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
-"""What ``symlink()`` fails with on a filesystem without symlinks (vfat, exFAT, some SMB
-mounts)."""
-
-
 def symlinks_refused(exc: OSError) -> bool:
     """Whether ``exc`` (wrapped or not) says the filesystem makes no symlinks."""
     cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
-    return cause.errno in _SYMLINK_REFUSALS
+    return cause.errno in SYMLINK_REFUSED
 
 
 def make_inner(staging: Path, folder: str) -> None:
