@@ -18,9 +18,6 @@ def _legacy(tmp_path: Path) -> tuple[CheckpointDir, Path]:
     return CheckpointDir(tmp_path / "ckpts"), step
 
 
-@pytest.mark.xfail(
-    strict=True, reason="require= counts a dangling symlink as the required file present"
-)
 def test_require_refuses_a_dangling_symlink(tmp_path: Path) -> None:
     """A required file that is a dangling symlink is missing: the directory is not adopted."""
     ckpts, step = _legacy(tmp_path)
@@ -30,7 +27,6 @@ def test_require_refuses_a_dangling_symlink(tmp_path: Path) -> None:
     assert not (step / "checkpoint_complete").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="require= counts a directory as the required file present")
 def test_require_refuses_a_directory_in_the_files_place(tmp_path: Path) -> None:
     """A directory where a required file should be does not satisfy ``require=``."""
     ckpts, step = _legacy(tmp_path)
@@ -40,11 +36,6 @@ def test_require_refuses_a_directory_in_the_files_place(tmp_path: Path) -> None:
     assert not (step / "checkpoint_complete").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CLI --require checks the raw path: 'sub/../model.pt' is MISSING (delete advised) "
-    "while mark_complete(require=) normalizes it and adopts",
-)
 def test_cli_require_agrees_with_the_api_on_a_dotted_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
