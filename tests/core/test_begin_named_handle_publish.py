@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from atomic_ckpt import CheckpointDir, CommitStateError
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="publish() of a begin_named handle raises CommitStateError naming commit_named(), "
-    "not finish()",
-)
 def test_publish_of_a_named_handle_commits_or_names_finish(tmp_path: Path) -> None:
     """``begin_named(...).publish()`` commits the name, or its refusal names ``finish()``."""
     ckpts = CheckpointDir(tmp_path / "ckpts")
