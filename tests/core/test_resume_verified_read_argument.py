@@ -9,9 +9,6 @@ import pytest
 from atomic_ckpt import CheckpointDir
 
 
-@pytest.mark.xfail(
-    strict=True, reason="resume_verified(Path('model.pt')): raw 'PosixPath' is not iterable"
-)
 def test_a_single_path_object_is_refused_clearly(tmp_path: Path) -> None:
     """A ``Path`` given as ``read`` is a TypeError that says to pass a list of paths."""
     ckpts = CheckpointDir(tmp_path / "ckpts")
