@@ -10,11 +10,6 @@ import pytest
 from atomic_ckpt import CheckpointDir
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a joined block repeating the commit's NaN metadata is refused ('nan, but has nan') "
-    "and the whole commit aborted",
-)
 def test_join_repeating_a_nan_metric_commits(tmp_path: Path) -> None:
     """A joined block that repeats the commit's NaN ``val_loss`` (a diverged run) commits."""
     ckpts = CheckpointDir(tmp_path / "ckpts")
@@ -25,10 +20,6 @@ def test_join_repeating_a_nan_metric_commits(tmp_path: Path) -> None:
     assert ckpts.steps() == [5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a joined block's True (or 1.0) silently replaces the commit's 1: Python ==, not JSON",
-)
 def test_join_with_another_json_value_is_refused(tmp_path: Path) -> None:
     """Joined ``{"epoch": True}`` against the commit's ``{"epoch": 1}`` is a ValueError."""
     ckpts = CheckpointDir(tmp_path / "ckpts")
