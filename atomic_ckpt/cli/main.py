@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from atomic_ckpt import CheckpointDir, CheckpointError, __version__, parse_step
+from atomic_ckpt import CheckpointDir, CheckpointError, VerificationError, __version__, parse_step
 from atomic_ckpt.cli import audit as _audit_command
 from atomic_ckpt.cli.common import (
     EXIT_ERROR,
@@ -254,17 +254,6 @@ def _mark_complete(args: argparse.Namespace) -> int:
             + (f" with prefix {args.prefix!r}" if args.prefix else " (use --prefix if it has one)")
         )
     ckpts = CheckpointDir(path.parent, prefix=args.prefix)
-    missing = [f for f in args.require if path.is_dir() and not os.path.lexists(path / f)]
-    if missing:
-        for f in missing:
-            print(f"  {f}: MISSING", file=sys.stderr)
-        print(
-            f"refused: {len(missing)} required file(s) missing from {path} "
-            f"({', '.join(missing)}), as a save cut short leaves it. Delete the directory "
-            "(the run can redo that save).",
-            file=sys.stderr,
-        )
-        return EXIT_NONE
     checks = [] if args.no_check or not path.is_dir() else ckpts.check_contents(step)
     broken = [c for c in checks if not c.ok]
     for c in checks:
@@ -278,7 +267,12 @@ def _mark_complete(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NONE  # like a failed verification: nothing complete there
-    ckpt = ckpts.mark_complete(step, check=not args.no_check, require=args.require)
+    try:
+        # The API checks --require (one rule: paths normalized, regular files only).
+        ckpt = ckpts.mark_complete(step, check=not args.no_check, require=args.require)
+    except VerificationError as exc:
+        print(f"atomic-ckpt: error: {exc}", file=sys.stderr)  # it lists every file
+        return EXIT_NONE  # a required file missing: nothing complete there
     unchecked = sum(1 for c in checks if c.format is None)
     how = (
         " without checks (--no-check)"

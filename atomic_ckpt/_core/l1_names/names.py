@@ -116,9 +116,12 @@ def step_of(text: str, prefix: str = "") -> int | None:
 
 def not_one_string(what: str, value: object, of: str = "paths") -> None:
     """TypeError if ``value``, given for the collection ``what``, is one string: iterated,
-    it would be taken for a set of one-character ``of``."""
+    it would be taken for a set of one-character ``of``; or one path object (a
+    ``Path``), which is not a collection at all."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what} must be a collection of {of}, not one string: pass [{value!r}]")
+    if isinstance(value, os.PathLike):
+        raise TypeError(f"{what} must be a collection of {of}, not one path: pass [{value!r}]")
 
 
 def not_a_mapping(what: str, value: object, example: str) -> None:

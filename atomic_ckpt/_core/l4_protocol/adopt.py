@@ -45,8 +45,9 @@ def adopt(
     and hashed outside the root lock (it may be large, and a concurrent commit must not
     time out waiting); the marker is written under it, after checking that the
     directory is still the one that was hashed. ``require`` (paths relative to the
-    directory, checked whatever ``check`` says) are entries a complete save holds: one
-    missing refuses the directory with a VerificationError naming each.
+    directory, checked whatever ``check`` says) are regular files a complete save holds:
+    one missing, or a symlink or directory in its place, refuses the directory with a
+    VerificationError naming each.
     """
     step = check_step(step)
     not_one_string("require", require)
@@ -64,9 +65,10 @@ def adopt(
             path=path,
             step=step,
         )
-    missing = [rel for rel in required if not os.path.lexists(path / rel)]
+    found = {rel: _kind(path / rel) for rel in required}
+    missing = [rel for rel, kind in found.items() if kind != "file"]
     if missing:
-        problems = tuple(f"{path / rel}: missing" for rel in missing)
+        problems = tuple(f"{path / rel}: {found[rel]}" for rel in missing)
         raise VerificationError(
             f"refusing to mark {path} complete: {len(missing)} required file(s) are "
             "missing:\n  " + "\n  ".join(problems) + "\nA save that was cut short leaves "
@@ -135,6 +137,22 @@ def _inside(path: str | os.PathLike[str]) -> str:
     if rel.startswith(("/", "../")) or rel in (".", ".."):
         raise ValueError(f"require= takes paths inside the checkpoint, got {path!r}")
     return rel
+
+
+def _kind(path: Path) -> str:
+    """``"file"`` for a regular file, else what stands in its place: a symlink (dangling
+    or not) or a directory is not the file a complete save writes there."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISLNK(mode):
+        return "missing (a symlink is there, not the file)"
+    if stat.S_ISDIR(mode):
+        return "missing (a directory is there, not the file)"
+    return "missing (not a regular file)"
 
 
 def _valid_manifest(path: Path, step: int) -> Manifest | None:

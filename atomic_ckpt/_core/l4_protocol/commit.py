@@ -175,7 +175,9 @@ class Commit(JoinedBlocks):
             return self._checkpoint
         if self._step is None:
             raise CommitStateError(
-                f"the commit of {self.name!r} is a named one: it ends with commit_named()",
+                f"the commit of {self.name!r} is a named one (begin_named): end it with "
+                "finish(), which returns its manifest; publish() returns a numbered "
+                "step's Checkpoint, which a named one has no step for",
                 path=self.path,
             )
         manifest = self.finish(files)

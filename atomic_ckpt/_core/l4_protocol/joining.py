@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import threading
 import weakref
@@ -208,7 +209,7 @@ def merge_options(
         raise TypeError("aliases must be a collection of names, not one string")
     where = f"the commit of {describe(commit)} it joins"
     for key, value in check_metadata(metadata).items():
-        if key in commit.metadata and commit.metadata[key] != value:
+        if key in commit.metadata and _json(commit.metadata[key]) != _json(value):
             raise ValueError(
                 f"a joined block sets metadata {key!r} to {value!r}, but {where} has "
                 f"{commit.metadata[key]!r}: set it in one place"
@@ -439,3 +440,8 @@ def refuse_nested(root: Any, name: str, step: int | None) -> None:
             path=commit.final,
             step=step,
         )
+
+
+def _json(value: object) -> str:
+    """A metadata value as the manifest stores it: NaN equals NaN, ``True`` is not 1."""
+    return json.dumps(value, sort_keys=True, allow_nan=True)
