@@ -204,6 +204,22 @@ def _check_documented(app: Any, env: Any) -> None:
                 log.warning("%s.%s is public but on no API page (docs/api/)", modname, name)
 
 
+def _public_bases(app: Any, name: str, obj: Any, options: Any, bases: list[Any]) -> None:
+    """Show a class's public bases: a private base (``_ErrnoError``) is replaced by its
+    own bases, so a page says "CheckpointError, OSError" rather than a name no user
+    can import."""
+    out: list[Any] = []
+    todo = list(bases)
+    while todo:
+        base = todo.pop(0)
+        if getattr(base, "__name__", "").startswith("_"):
+            todo[:0] = list(base.__bases__)
+        elif base not in out:
+            out.append(base)
+    bases[:] = out
+
+
 def setup(app: Any) -> None:
+    app.connect("autodoc-process-bases", _public_bases)
     app.connect("missing-reference", _public_target)
     app.connect("env-check-consistency", _check_documented)

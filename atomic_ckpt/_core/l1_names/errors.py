@@ -99,60 +99,55 @@ class NotDurableError(CheckpointError, OSError):
     """The checkpoint was promoted, but making the promotion durable failed."""
 
 
-class DiskFullError(CheckpointError, OSError):
+class _ErrnoError(CheckpointError, OSError):
+    """A CheckpointError that is an OSError with an ``errno`` (``code``, else the class's
+    default), its ``strerror`` and ``filename``; pickles with all three."""
+
+    _default_code = 0
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        step: int | None = None,
+        code: int | None = None,
+    ) -> None:
+        super().__init__(message, path=path, step=step)
+        self.errno = self._default_code if code is None else code
+        self.strerror = os.strerror(self.errno)
+        self.filename = None if path is None else str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_errno,
+            (type(self), str(self), self.path, self.step, self.errno),
+            self.__dict__,
+        )
+
+
+def _rebuild_errno(
+    cls: type[_ErrnoError], message: str, path: Path | None, step: int | None, code: int
+) -> _ErrnoError:
+    return cls(message, path=path, step=step, code=code)
+
+
+class DiskFullError(_ErrnoError):
     """The disk (or the quota) filled up during a commit: ``errno`` is the original
     ``ENOSPC`` (or ``EDQUOT``), the original error its cause. The commit was aborted and
     its staging directory removed; every checkpoint committed before is untouched. Free
     space (``prune``, ``clean()``, or a bigger disk), then save again."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | Path | None = None,
-        step: int | None = None,
-        code: int = errno.ENOSPC,
-    ) -> None:
-        super().__init__(message, path=path, step=step)
-        self.errno = code
-        self.strerror = os.strerror(code)
-        self.filename = None if path is None else str(path)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_full, (str(self), self.path, self.step, self.errno), self.__dict__)
+    _default_code = errno.ENOSPC
 
 
-def _rebuild_full(message: str, path: Path | None, step: int | None, code: int) -> DiskFullError:
-    return DiskFullError(message, path=path, step=step, code=code)
-
-
-class SymlinksUnsupportedError(CheckpointError, OSError):
+class SymlinksUnsupportedError(_ErrnoError):
     """The filesystem of the root makes no symlinks (vfat, exFAT, some SMB mounts), and
     what was asked for is one (an alias): ``errno`` is the refusal's (EPERM, EOPNOTSUPP...),
     the original error its cause. Commit there without ``aliases=``, or put the root on a
     filesystem with symlinks."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | Path | None = None,
-        step: int | None = None,
-        code: int = errno.EOPNOTSUPP,
-    ) -> None:
-        super().__init__(message, path=path, step=step)
-        self.errno = code
-        self.strerror = os.strerror(code)
-        self.filename = None if path is None else str(path)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_symlinks, (str(self), self.path, self.step, self.errno), self.__dict__)
-
-
-def _rebuild_symlinks(
-    message: str, path: Path | None, step: int | None, code: int
-) -> SymlinksUnsupportedError:
-    return SymlinksUnsupportedError(message, path=path, step=step, code=code)
+    _default_code = errno.EOPNOTSUPP
 
 
 class InsideCheckpointError(CheckpointError, ValueError):
