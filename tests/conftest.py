@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import resource
@@ -29,11 +30,24 @@ def mypy_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exists (``.ci/run``'s mypy stage writes it, with the same options), else empty, and
     shared by this worker's mypy runs. mypy re-checks every module whose source or options
     changed, so the errors are the same; what is skipped is re-analysing torch's and the
-    other dependencies' stubs, about half a minute per run."""
+    other dependencies' stubs, about half a minute per run.
+
+    ``.ci/run`` runs its mypy stage beside this test run, holding an exclusive lock on
+    ``.mypy_cache.lock`` while it writes the cache; the copy is taken under a shared lock on
+    that file, so it waits for the stage to end instead of copying a cache half written."""
     where = tmp_path_factory.mktemp("mypy-cache") / "cache"
-    repo_cache = Path(__file__).resolve().parent.parent / ".mypy_cache"
-    if repo_cache.is_dir():
-        shutil.copytree(repo_cache, where, symlinks=True, ignore_dangling_symlinks=True)
+    repo = Path(__file__).resolve().parent.parent
+    repo_cache = repo / ".mypy_cache"
+    lock_path = repo / ".mypy_cache.lock"
+    lock = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC) if lock_path.exists() else None
+    try:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        if repo_cache.is_dir():
+            shutil.copytree(repo_cache, where, symlinks=True, ignore_dangling_symlinks=True)
+    finally:
+        if lock is not None:
+            os.close(lock)
     return where
 
 
