@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gc
 import os
@@ -39,15 +40,13 @@ def mypy_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = Path(__file__).resolve().parent.parent
     repo_cache = repo / ".mypy_cache"
     lock_path = repo / ".mypy_cache.lock"
-    lock = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC) if lock_path.exists() else None
-    try:
-        if lock is not None:
+    with contextlib.ExitStack() as held:
+        with contextlib.suppress(FileNotFoundError):  # no lock file: nothing writes the cache
+            lock = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+            held.callback(os.close, lock)
             fcntl.flock(lock, fcntl.LOCK_SH)
         if repo_cache.is_dir():
             shutil.copytree(repo_cache, where, symlinks=True, ignore_dangling_symlinks=True)
-    finally:
-        if lock is not None:
-            os.close(lock)
     return where
 
 
